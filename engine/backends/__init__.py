@@ -1,0 +1,92 @@
+"""Backend selection: monokernel (Hopper, supported model) -> graph (CUDA) -> reference, with reasons.
+
+Every backend class is built as `Cls(model, cache, tp=..., tp_mode=...)`, may raise BackendUnavailable (or any
+exception) while building or in `warmup()`; the selector then falls back to the next one and keeps the reason.
+"""
+from __future__ import annotations
+
+import importlib
+import logging
+
+import torch
+
+from .base import Backend, BackendUnavailable
+from .reference import ReferenceBackend
+
+log = logging.getLogger("engine")
+
+ORDER = ("monokernel", "graph", "reference")
+
+
+def _load_class(name: str):
+    if name == "reference":
+        return ReferenceBackend
+    if name == "graph":
+        from .graph import GraphBackend
+        return GraphBackend
+    if name == "monokernel":
+        mod = importlib.import_module("engine.backends.monokernel")
+        return mod.MonokernelBackend
+    raise ValueError(f"unknown backend {name!r} (known: auto, {', '.join(ORDER)})")
+
+
+def _precheck(name: str, model) -> str | None:
+    """Reason why `name` cannot run here, or None."""
+    dev = model.device
+    if name == "reference":
+        return None
+    if dev.type != "cuda":
+        return f"{name} needs CUDA (device is {dev.type})"
+    if name == "monokernel":
+        major, minor = torch.cuda.get_device_capability(dev)
+        if major != 9:
+            return f"monokernel needs compute capability 9.x (this GPU is {major}.{minor})"
+    return None
+
+
+def select_backend(requested: str, model, cache, tp: int = 1, tp_mode: str = "exact") -> tuple[Backend, str]:
+    """Returns (backend, reason). `requested` is "auto" or a backend name; an explicit name that cannot run
+    falls back down the ORDER chain like auto does, and the reason says why."""
+    if requested != "auto" and requested not in ORDER:
+        raise ValueError(f"unknown backend {requested!r} (known: auto, {', '.join(ORDER)})")
+    chain = ORDER if requested == "auto" else ORDER[ORDER.index(requested):]
+    reasons: list[str] = []
+    for name in chain:
+        why = _precheck(name, model)
+        cls = None
+        if why is None:
+            try:
+                cls = _load_class(name)
+            except ImportError as e:
+                why = f"{name} unavailable: {e}"
+        if why is None and hasattr(cls, "supported"):
+            try:
+                ok, r = cls.supported(model.cfg, model.device)
+            except Exception as e:  # a broken probe must not take the engine down
+                ok, r = False, f"supported() raised {type(e).__name__}: {e}"
+            if not ok:
+                why = f"{name} unsupported: {r}"
+        if why is None:
+            if (tp != 1 or tp_mode != "exact") and not getattr(cls, "supports_tp", False):
+                why = f"{name} does not support tp={tp} tp_mode={tp_mode}"
+        if why is None:
+            try:
+                backend = cls(model, cache, tp=tp, tp_mode=tp_mode)
+                warm = getattr(backend, "warmup", None)
+                if warm is not None:
+                    warm()
+            except Exception as e:
+                why = f"{name} failed to start: {type(e).__name__}: {e}"
+                log.warning("backend %s failed, falling back: %s", name, why)
+        if why is not None:
+            reasons.append(why)
+            log.info("backend %s skipped: %s", name, why)
+            continue
+        picked = "requested" if requested == name else "auto"
+        reason = "; ".join(reasons + [f"{name} selected ({picked})"])
+        log.info("backend: %s (%s)", name, reason)
+        return backend, reason
+    raise RuntimeError("no backend could start: " + "; ".join(reasons))
+
+
+__all__ = ["Backend", "BackendUnavailable", "ReferenceBackend", "select_backend", "ORDER"]

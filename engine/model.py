@@ -1,0 +1,188 @@
+"""The reference model: Llama and Qwen2 decoders in plain torch (the source of truth every backend is tested against).
+
+Weights live in fused tensors (QKV rows stacked, gate/up rows stacked) because one matmul per fused group costs
+less Python and memory traffic than three; `Model.params` exposes Hugging Face names as *views* into those
+tensors, so a HF state dict maps 1:1 (`model.layers.0.self_attn.q_proj.weight`, ...) and the checkpoint is
+copied into place once, never held twice.
+
+Activations: one sequence (batch size 1). The KV cache layout is the contract's
+`[n_slots, n_layers, n_kv_heads, max_len, head_dim]` with keys stored after RoPE.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .config import ModelConfig
+
+
+def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
+    """[head_dim/2] fp32 inverse frequencies, with llama3-style scaling when configured."""
+    hd = cfg.head_dim
+    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    sc = cfg.rope_scaling
+    if sc and sc.get("rope_type") == "llama3":
+        # Long wavelengths (beyond the original context / low_freq_factor) are slowed down by `factor`,
+        # short ones (below original / high_freq_factor) are kept, the band between is interpolated.
+        factor, lo, hi = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
+        orig = sc["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        scaled = torch.where(wavelen > orig / lo, inv / factor, inv)
+        smooth = (orig / wavelen - lo) / (hi - lo)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= orig / hi) & (wavelen <= orig / lo)
+        inv = torch.where(medium, smoothed, scaled)
+    return inv
+
+
+def rope_tables(cfg: ModelConfig, max_len: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin_signed: [max_len, head_dim] (half-dim frequencies repeated twice, HF's rotate_half convention;
+    the sine's first half negated, see apply_rope)."""
+    inv = rope_inv_freq(cfg)
+    pos = torch.arange(max_len, dtype=torch.float32)
+    freqs = torch.outer(pos, inv)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    sin = freqs.sin()
+    sin_signed = torch.cat([-sin, sin], dim=-1)
+    return emb.cos().to(dtype=dtype, device=device), sin_signed.to(dtype=dtype, device=device)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
+    """x: [heads, T, hd]; cos/sin_signed: [T, hd] with sin_signed = cat(-sin, sin) over the two halves.
+
+    HF's x*cos + rotate_half(x)*sin, where rotate_half(x) = cat(-x2, x1) = roll(x, half) * (-1 | +1):
+    the sign lives in the table, so this is three ops instead of seven.
+    """
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin_signed)
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """x: fp32 residual [.., d]; w: [d] in the weight dtype -> normalised x in the weight dtype."""
+    if w.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), w, eps)
+    # Low precision: normalise in fp32, round to the weight dtype, then scale (HF's order).
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(w.dtype)
+
+
+@dataclass
+class LayerWeights:
+    ln1: torch.Tensor          # [d]
+    wqkv: torch.Tensor         # [q_dim + 2 kv_dim, d]
+    bqkv: torch.Tensor | None  # [q_dim + 2 kv_dim]
+    wo: torch.Tensor           # [d, q_dim]
+    bo: torch.Tensor | None
+    ln2: torch.Tensor
+    wgu: torch.Tensor          # [2 ffn, d]  (gate rows then up rows)
+    bgu: torch.Tensor | None
+    wd: torch.Tensor           # [d, ffn]
+    bd: torch.Tensor | None
+
+
+class Model:
+    """Weights + forward for one sequence. Not an nn.Module: no autograd, no hooks, less per-call overhead."""
+
+    def __init__(self, cfg: ModelConfig, device="cpu", dtype=torch.float32, max_len: int = 4096):
+        self.cfg, self.device, self.dtype, self.max_len = cfg, torch.device(device), dtype, max_len
+        d, q, kv, f = cfg.hidden_size, cfg.q_dim, cfg.kv_dim, cfg.intermediate_size
+        emp = lambda *s: torch.empty(*s, device=self.device, dtype=dtype)  # noqa: E731
+        self.params: dict[str, torch.Tensor] = {}
+        self.embed = emp(cfg.vocab_size, d)
+        self.params["model.embed_tokens.weight"] = self.embed
+        self.layers: list[LayerWeights] = []
+        for i in range(cfg.n_layers):
+            p = f"model.layers.{i}."
+            lw = LayerWeights(ln1=emp(d), wqkv=emp(q + 2 * kv, d), bqkv=emp(q + 2 * kv) if cfg.qkv_bias else None,
+                              wo=emp(d, q), bo=emp(d) if cfg.o_bias else None, ln2=emp(d), wgu=emp(2 * f, d),
+                              bgu=emp(2 * f) if cfg.mlp_bias else None, wd=emp(d, f),
+                              bd=emp(d) if cfg.mlp_bias else None)
+            self.layers.append(lw)
+            P = self.params
+            P[p + "input_layernorm.weight"] = lw.ln1
+            P[p + "post_attention_layernorm.weight"] = lw.ln2
+            a = p + "self_attn."
+            P[a + "q_proj.weight"], P[a + "k_proj.weight"], P[a + "v_proj.weight"] = lw.wqkv.split([q, kv, kv])
+            if lw.bqkv is not None:
+                P[a + "q_proj.bias"], P[a + "k_proj.bias"], P[a + "v_proj.bias"] = lw.bqkv.split([q, kv, kv])
+            P[a + "o_proj.weight"] = lw.wo
+            if lw.bo is not None:
+                P[a + "o_proj.bias"] = lw.bo
+            m = p + "mlp."
+            P[m + "gate_proj.weight"], P[m + "up_proj.weight"] = lw.wgu.split([f, f])
+            P[m + "down_proj.weight"] = lw.wd
+            if lw.bgu is not None:
+                P[m + "gate_proj.bias"], P[m + "up_proj.bias"] = lw.bgu.split([f, f])
+                P[m + "down_proj.bias"] = lw.bd
+        self.norm = emp(d)
+        self.params["model.norm.weight"] = self.norm
+        if cfg.tie_word_embeddings:
+            self.lm_head = self.embed
+        else:
+            self.lm_head = emp(cfg.vocab_size, d)
+            self.params["lm_head.weight"] = self.lm_head
+        self.cos, self.sin = rope_tables(cfg, max_len, dtype, self.device)
+
+    def init_random(self, seed: int = 0, std: float = 0.02) -> "Model":
+        """Random weights (for benchmarks and shape tests): normal(0, std), norms = 1, biases small."""
+        g = torch.Generator(device="cpu").manual_seed(seed)
+        for name, t in self.params.items():
+            if name.endswith("norm.weight"):
+                t.fill_(1.0)
+            else:
+                s = std * 0.1 if name.endswith(".bias") else std
+                # Generate on CPU in chunks of rows so a large embedding does not need a second full copy.
+                rows = t.shape[0]
+                step = max(1, (1 << 22) // max(1, t[0].numel()))
+                for r in range(0, rows, step):
+                    chunk = t[r:r + step]
+                    chunk.copy_(torch.randn(chunk.shape, generator=g) * s)
+        return self
+
+    def n_params(self) -> int:
+        return sum(t.numel() for t in self.params.values())
+
+    @torch.inference_mode()
+    def forward(self, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int, ids: torch.Tensor, start: int,
+                all_logits: bool = False) -> torch.Tensor:
+        """ids: LongTensor [T] at positions start..start+T-1 of `slot`; k_cache/v_cache: [S, L, kvh, max_len, hd].
+
+        Writes the T new keys/values into the cache and returns fp32 logits [T, V] (all_logits) or [V] (last).
+        """
+        cfg = self.cfg
+        T = ids.shape[0]
+        end = start + T
+        if end > self.max_len:
+            raise ValueError(f"sequence of {end} tokens exceeds max_seq_len {self.max_len}")
+        nh, nkv, hd, qd, kvd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.q_dim, cfg.kv_dim
+        cos, sin = self.cos[start:end], self.sin[start:end]
+        if T == 1:
+            mask = None
+        else:
+            # Query i (absolute position start+i) sees keys 0..start+i.
+            qpos = torch.arange(start, end, device=self.device)[:, None]
+            mask = torch.arange(end, device=self.device)[None, :] <= qpos
+        # The residual stream stays fp32 whatever the weight dtype (cheap at [T, d]): rounding errors then do
+        # not compound in it across layers; matmul inputs/outputs are in the weight dtype.
+        x = F.embedding(ids, self.embed).float()  # [T, d]
+        eps = cfg.rms_norm_eps
+        for li, w in enumerate(self.layers):
+            h = rms_norm(x, w.ln1, eps)
+            qkv = F.linear(h, w.wqkv, w.bqkv)
+            # RoPE on q and k heads together: one rotation for nh + nkv heads.
+            qk = apply_rope(qkv[:, :qd + kvd].view(T, nh + nkv, hd).transpose(0, 1), cos, sin)
+            kc, vc = k_cache[slot, li], v_cache[slot, li]  # [kvh, max_len, hd]
+            kc[:, start:end] = qk[nh:]
+            vc[:, start:end] = qkv[:, qd + kvd:].view(T, nkv, hd).transpose(0, 1)
+            q = qk[:nh]
+            o = F.scaled_dot_product_attention(q[None], kc[None, :, :end], vc[None, :, :end], attn_mask=mask,
+                                               enable_gqa=nh != nkv)[0]        # [nh, T, hd]
+            x = x + F.linear(o.transpose(0, 1).reshape(T, qd), w.wo, w.bo)
+            h = rms_norm(x, w.ln2, eps)
+            g, u = F.linear(h, w.wgu, w.bgu).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(g) * u, w.wd, w.bd)
+        if not all_logits:
+            x = x[-1]
+        x = rms_norm(x, self.norm, eps)
+        return F.linear(x, self.lm_head).float()

@@ -1,0 +1,107 @@
+import logging
+import sys
+import types
+
+import pytest
+import torch
+
+import engine.backends as backends
+from engine import Engine
+from engine.backends.base import Backend, BackendUnavailable
+
+
+def test_cpu_auto_picks_reference_with_reason(tiny_qwen, caplog):
+    with caplog.at_level(logging.INFO, logger="engine"):
+        e = Engine.load(str(tiny_qwen), device="cpu")
+    s = e.stats()
+    assert s["backend"] == "reference"
+    assert "monokernel needs CUDA" in s["backend_reason"] and "graph needs CUDA" in s["backend_reason"]
+    assert any("backend: reference" in r.getMessage() for r in caplog.records)
+
+
+def test_explicit_graph_on_cpu_falls_back(tiny_qwen):
+    e = Engine.load(str(tiny_qwen), device="cpu", backend="graph")
+    assert e.stats()["backend"] == "reference" and "graph needs CUDA" in e.backend_reason
+
+
+def test_unknown_backend(tiny_qwen):
+    with pytest.raises(ValueError, match="unknown backend"):
+        Engine.load(str(tiny_qwen), device="cpu", backend="turbo")
+
+
+def test_tp_needs_a_tp_backend(tiny_qwen):
+    with pytest.raises(RuntimeError, match="tp=2"):
+        Engine.load(str(tiny_qwen), device="cpu", tp=2)
+
+
+class _Probe(Backend):
+    name = "monokernel"
+    verdict = (True, "ok")
+    fail_warmup = False
+
+    @classmethod
+    def supported(cls, config, device):
+        return cls.verdict
+
+    def warmup(self):
+        if self.fail_warmup:
+            raise RuntimeError("launch failed: too many resources requested")
+
+    def prefill(self, slot, ids, start_pos, all_logits=False):
+        return self.model.forward(self.cache.k, self.cache.v, slot, ids, start_pos, all_logits)
+
+    def decode(self, slot, token, pos):
+        return self.model.forward(self.cache.k, self.cache.v, slot, torch.tensor([token]), pos)
+
+
+@pytest.fixture
+def fake_monokernel(monkeypatch):
+    """A stand-in monokernel module, with the device checks relaxed so the selection logic runs on CPU."""
+    mod = types.ModuleType("engine.backends.monokernel")
+
+    class Mono(_Probe):
+        pass
+    mod.MonokernelBackend = Mono
+    monkeypatch.setitem(sys.modules, "engine.backends.monokernel", mod)
+    monkeypatch.setattr(backends, "_precheck", lambda name, model: "graph needs CUDA (test)" if name == "graph"
+                        else None)
+    return Mono
+
+
+def test_auto_picks_supported_monokernel(tiny_qwen, fake_monokernel):
+    e = Engine.load(str(tiny_qwen), device="cpu")
+    assert e.stats()["backend"] == "monokernel" and "monokernel selected" in e.backend_reason
+    ids = e.tokenizer.encode("def f():")
+    assert len(e.complete(ids, max_new_tokens=3, stop_ids=()).token_ids) == 3
+
+
+def test_unsupported_or_failing_monokernel_falls_back(tiny_qwen, fake_monokernel):
+    fake_monokernel.verdict = (False, "head_dim 24 not supported")
+    e = Engine.load(str(tiny_qwen), device="cpu")
+    assert e.stats()["backend"] == "reference" and "head_dim 24 not supported" in e.backend_reason
+    fake_monokernel.verdict = (True, "ok")
+    fake_monokernel.fail_warmup = True
+    e = Engine.load(str(tiny_qwen), device="cpu")
+    assert e.stats()["backend"] == "reference" and "too many resources" in e.backend_reason
+
+
+def test_backend_unavailable_is_a_reason(tiny_qwen, fake_monokernel):
+    def boom(self, *a, **k):
+        raise BackendUnavailable("no peer access between GPUs")
+    fake_monokernel.__init__ = boom
+    e = Engine.load(str(tiny_qwen), device="cpu")
+    assert "no peer access" in e.backend_reason
+
+
+def test_backend_stats_method_or_dict(tiny_qwen, fake_monokernel):
+    orig = fake_monokernel.__init__
+
+    def init(self, *a, **k):
+        orig(self, *a, **k)
+        self.stats = {"launches": 3}       # a plain dict attribute, as a backend may keep
+    fake_monokernel.__init__ = init
+    e = Engine.load(str(tiny_qwen), device="cpu")
+    s = e.stats()
+    assert s["backend_stats"] == {"launches": 3} and s["backend_detail"] == "monokernel"
+    e2 = Engine.load(str(tiny_qwen), device="cpu", backend="reference")
+    assert e2.stats()["backend_stats"] == {}
