@@ -29,6 +29,18 @@ class JobCancelled(Exception):
     """The job was cancelled (by job.cancel(), a newer job with the same key, or shutdown)."""
 
 
+def _settle(future: concurrent.futures.Future, result: Any = None, error: BaseException | None = None) -> None:
+    """Set a job's outcome unless someone already cancelled the future directly (job.future.cancel()):
+    a settled future must never kill the worker thread."""
+    if future.done():
+        log.debug("job future already settled (%s); outcome dropped", "cancelled" if future.cancelled() else "done")
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
 class Job:
     def __init__(self, worker: "EngineWorker", fn: Callable, priority: Priority, key: str | None, preemptible: bool,
                  seq: int):
@@ -54,7 +66,16 @@ class Job:
         return self.future.result(timeout)
 
     def __await__(self):
-        return asyncio.wrap_future(self.future).__await__()
+        return self._wait().__await__()
+
+    async def _wait(self) -> Any:
+        # shield: cancelling the awaiting task must not cancel the concurrent future behind the worker's back
+        # (the worker would later find it settled); it cancels the job instead, which stops the engine promptly.
+        try:
+            return await asyncio.shield(asyncio.wrap_future(self.future))
+        except asyncio.CancelledError:
+            self.cancel()
+            raise
 
     def __lt__(self, other: "Job") -> bool:
         return (self.priority, self.seq) < (other.priority, other.seq)
@@ -138,7 +159,7 @@ class EngineWorker:
         job.cancelled = True
         job.cancel_event.set()
         self.cancelled += 1
-        job.future.set_exception(JobCancelled(f"{job!r} cancelled before it ran"))
+        _settle(job.future, error=JobCancelled(f"{job!r} cancelled before it ran"))
 
     def _cancel(self, job: Job) -> None:
         with self._cv:
@@ -185,7 +206,7 @@ class EngineWorker:
             self._running = None
             if job.cancelled:
                 self.cancelled += 1
-                job.future.set_exception(JobCancelled(f"{job!r} cancelled"))
+                _settle(job.future, error=JobCancelled(f"{job!r} cancelled"))
             elif job.preempted and not self._stop:
                 self.preemptions += 1
                 heapq.heappush(self._queue, job)     # same (priority, seq): keeps its place
@@ -193,8 +214,8 @@ class EngineWorker:
             elif error is not None:
                 if isinstance(error, JobCancelled):
                     self.cancelled += 1
-                job.future.set_exception(error)
+                _settle(job.future, error=error)
             else:
                 self.completed += 1
-                job.future.set_result(result)
+                _settle(job.future, result=result)
             self._cv.notify_all()

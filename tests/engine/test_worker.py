@@ -213,3 +213,34 @@ def test_real_engine_generation_cancelled_by_newer(tiny_qwen):
     rb = b.future.result(T)
     assert rb.finish_reason == "length" and rb.reused_tokens == len(ids) - 1
     w.shutdown()
+
+
+def test_cancelling_the_awaiting_task_cancels_the_job_and_keeps_the_worker_alive(worker):
+    """An asyncio task awaiting a running job is cancelled (as $/cancelRequest does): the job's cancel event is
+    set, the worker thread survives, and later jobs still run."""
+    started, saw_cancel = threading.Event(), threading.Event()
+
+    def long_job(engine, cancel):
+        started.set()
+        if cancel.wait(T):
+            saw_cancel.set()
+        return "finished"
+
+    async def main():
+        task = asyncio.ensure_future(worker.submit(long_job))
+        await asyncio.get_running_loop().run_in_executor(None, started.wait, T)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    asyncio.run(main())
+    assert saw_cancel.wait(T)
+    assert worker.submit(lambda e, c: "alive").result(T) == "alive"
+
+
+def test_future_cancelled_directly_does_not_kill_the_worker(worker):
+    gate, release = _gate(worker)
+    queued = worker.submit(lambda e, c: 1)
+    assert gate.future.cancel() is True       # nobody told the worker
+    assert queued.future.cancel() is True
+    release.set()
+    assert worker.submit(lambda e, c: "alive").result(T) == "alive"
