@@ -1,0 +1,1 @@
+"""Feature modules: each exposes register(ls) and keeps its handlers thin (see server.FEATURE_MODULES)."""
