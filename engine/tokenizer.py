@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +26,10 @@ _FIM_FORMATS = {
 # Tokens that end a generation wherever they exist in a vocabulary.
 _END_TOKENS = ("<|endoftext|>", "<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|eom_id|>", "<|fim_pad|>",
                "<fim_pad>", "</s>", "<｜end▁of▁sentence｜>", "<EOT>", "▁<EOT>")
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+_GIL_FREE_CHARS = 8192
 
 
 @dataclass(frozen=True)
@@ -135,6 +140,12 @@ class Tokenizer:
 
     # ---- surface ----
     def encode(self, text: str) -> list[int]:
+        # Lone surrogates (a UTF-16 editor can send half a pair) are rejected by `tokenizers`: one U+FFFD each
+        # keeps character offsets unchanged.
+        text = _LONE_SURROGATE.sub("\ufffd", text)
+        if len(text) > _GIL_FREE_CHARS:
+            # encode_batch releases the GIL, so a long document does not freeze the server's event loop
+            return self.tok.encode_batch([text], add_special_tokens=False)[0].ids
         return self.tok.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids) -> str:

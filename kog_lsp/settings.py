@@ -79,7 +79,7 @@ class Settings:
     max_tokens: int = 64
     multiline: str = "auto"
     prefix_tokens: int = 1024
-    suffix_tokens: int = 256
+    suffix_tokens: int = 64
     context_tokens: int = 512
     temperature: float = 0.0
     review_enable: bool = True

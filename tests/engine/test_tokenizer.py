@@ -93,3 +93,12 @@ def test_bad_tokenizer_file(tmp_path):
     (tmp_path / "tokenizer.json").write_text("{not json")
     with pytest.raises(ValueError, match="tokenizer.json"):
         Tokenizer.from_dir(tmp_path)
+
+
+def test_encode_lone_surrogates_and_long_text(tiny_qwen):
+    tok = Tokenizer.from_dir(tiny_qwen)
+    # a lone surrogate becomes one U+FFFD: same length, so character offsets stay valid
+    assert tok.decode(tok.encode("a\ud83db")) == "a\ufffdb"
+    long_text = "def f(x):\n    return x + 1\n" * 1000       # over the GIL-free threshold
+    assert tok.decode(tok.encode(long_text)) == long_text
+    assert tok.encode(long_text[:300]) == tok.encode(long_text)[:len(tok.encode(long_text[:300]))]

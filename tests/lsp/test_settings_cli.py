@@ -7,7 +7,7 @@ from kog_lsp.settings import Settings
 def test_defaults_match_contract():
     d = Settings().to_dict()
     expected = {"enable": True, "debounceMs": 50, "maxTokens": 64, "multiline": "auto", "prefixTokens": 1024,
-                "suffixTokens": 256, "contextTokens": 512, "temperature": 0.0, "reviewEnable": True,
+                "suffixTokens": 64, "contextTokens": 512, "temperature": 0.0, "reviewEnable": True,
                 "reviewSeverity": "information"}
     # (feature modules may register more keys in the same process; the contract's keys must be exact)
     assert {k: d.get(k) for k in expected} == expected
@@ -48,7 +48,7 @@ def test_update_accepts_wrapped_section_and_rejects_bool_as_int():
     s = Settings()
     assert s.update({"kog": {"prefixTokens": 64}}) == []
     assert s.prefix_tokens == 64
-    assert s.update({"suffixTokens": True}) and s.suffix_tokens == 256
+    assert s.update({"suffixTokens": True}) and s.suffix_tokens == 64
     assert s.update("nonsense") and s.prefix_tokens == 64
     assert s.update(None) == []
 

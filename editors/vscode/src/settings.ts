@@ -33,7 +33,7 @@ export const SERVER_DEFAULTS: ServerSettings = {
   maxTokens: 64,
   multiline: 'auto',
   prefixTokens: 1024,
-  suffixTokens: 256,
+  suffixTokens: 64,
   contextTokens: 512,
   temperature: 0.0,
   reviewEnable: true,

@@ -10,7 +10,7 @@ test('defaults mirror the server settings table', () => {
   assert.deepEqual(serverSettings(reader({})), SERVER_DEFAULTS);
   assert.deepEqual(SERVER_DEFAULTS, {
     enable: true, debounceMs: 50, maxTokens: 64, multiline: 'auto', prefixTokens: 1024,
-    suffixTokens: 256, contextTokens: 512, temperature: 0, reviewEnable: true, reviewSeverity: 'information',
+    suffixTokens: 64, contextTokens: 512, temperature: 0, reviewEnable: true, reviewSeverity: 'information',
   });
 });
 
