@@ -1,0 +1,36 @@
+#!/bin/bash
+# One device call for the monokernel: build, SASS sanity, smoke/bisect, GPU tests, decode bench. Logs in $OUT.
+#   BENCH_ARGS="--peer none" TEST_TIMEOUT=300 BENCH_TIMEOUT=240 bash bench/device_run.sh
+set -o pipefail
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 KOG_KERNELS_CACHE=/tmp/kcache
+OUT=${OUT:-/tmp/mk_out}
+mkdir -p "$OUT"
+cd "$(dirname "$0")/.."
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw --format=csv,noheader | tee "$OUT/gpu.txt"
+t0=$(date +%s)
+python3 -m kernels.build > "$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
+grep -E "registers|spill|built" "$OUT/build.log"
+LIB=$(ls /tmp/kcache/*/libmonokernel.so | head -1)
+cuobjdump -sass "$LIB" > "$OUT/sass.txt" 2>&1 && \
+  echo "SASS: LDG.E.128 $(grep -c 'LDG.E.128' "$OUT/sass.txt")  local LDL/STL $(grep -cE 'LDL|STL' "$OUT/sass.txt")  bulk-prefetch $(grep -c 'UBLKPF' "$OUT/sass.txt")"
+echo "build+sass $(( $(date +%s) - t0 )) s"
+if ! timeout 90 python3 bench/mk_smoke.py > "$OUT/smoke.log" 2>&1; then
+  cat "$OUT/smoke.log" | tail -30
+  echo "smoke failed; again with early loads off:"
+  timeout 60 python3 bench/mk_smoke.py --early 0 2>&1 | tail -12
+  echo "compute-sanitizer on 8 CTAs"
+  timeout 150 compute-sanitizer --tool memcheck --print-limit 10 python3 bench/mk_smoke.py --sms 8 --steps 2 --slow \
+    > "$OUT/sanitizer.log" 2>&1
+  tail -40 "$OUT/sanitizer.log"
+  [ -z "$FORCE_ALL" ] && exit 1
+fi
+tail -12 "$OUT/smoke.log"
+echo "smoke done at $(( $(date +%s) - t0 )) s"
+timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -s -rA -p no:cacheprovider tests/gpu/test_monokernel.py \
+  ${TEST_ARGS} > "$OUT/tests.log" 2>&1
+grep -E "^(PASSED|FAILED|ERROR)|rel L2|cancel:|passed|failed|Error:|assert" "$OUT/tests.log" | head -40
+echo "tests done at $(( $(date +%s) - t0 )) s"
+timeout "${BENCH_TIMEOUT:-240}" python3 bench/decode.py ${BENCH_ARGS} > "$OUT/bench.log" 2>&1
+grep -E "skipped|Error|error" "$OUT/bench.log" | head -8
+tail -n 6 "$OUT/bench.log"
+echo "all done at $(( $(date +%s) - t0 )) s"

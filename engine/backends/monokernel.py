@@ -1,0 +1,127 @@
+"""Monokernel backend: the whole decode loop (all layers, LM head, sampling, stop checks) runs inside one
+persistent CUDA kernel (kernels/). Tokens stream back through mapped host memory while it runs; cancellation
+is a host-written flag the kernel polls once per token.
+
+Prefill runs the reference model (same weights, same KV layout); decode and decode_loop run the kernel.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from typing import Iterator
+
+import torch
+
+from ..sampling import SamplingParams
+from .base import Backend, BackendUnavailable
+
+log = logging.getLogger("engine")
+
+
+class MonokernelBackend(Backend):
+    name = "monokernel"
+    supports_tp = False
+
+    @staticmethod
+    def supported(config, device) -> tuple[bool, str]:
+        """Whether this model shape can run on `device` (checked before any build or allocation)."""
+        dev = torch.device(device)
+        if dev.type != "cuda" or not torch.cuda.is_available():
+            return False, "needs a CUDA device"
+        major, minor = torch.cuda.get_device_capability(dev)
+        if (major, minor) != (9, 0):
+            return False, f"built for sm_90a (Hopper); this GPU is {major}.{minor}"
+        from kernels import isa
+        from kernels.build import cache_root, find_nvcc, source_hash
+        if find_nvcc() is None and not (cache_root() / source_hash() / "libmonokernel.so").exists():
+            return False, "nvcc not found and no cached kernel build"
+        if config.arch not in ("llama", "qwen2"):
+            return False, f"architecture {config.arch} not supported"
+        if config.head_dim not in (64, 128):
+            return False, f"head_dim {config.head_dim} (supported: 64, 128)"
+        if config.n_heads % config.n_kv_heads or config.n_heads // config.n_kv_heads > isa.MAX_GROUP:
+            return False, f"GQA group {config.n_heads}/{config.n_kv_heads} (at most {isa.MAX_GROUP})"
+        if config.o_bias or config.mlp_bias:
+            return False, "o_proj / MLP biases are not implemented in the kernel"
+        if config.hidden_size % 8 or config.intermediate_size % 8:
+            return False, "hidden and intermediate sizes must be multiples of 8"
+        return True, "ok"
+
+    def __init__(self, model, cache, tp: int = 1, tp_mode: str = "exact", max_steps: int = 4096):
+        super().__init__(model, cache)
+        if tp != 1:
+            raise BackendUnavailable("monokernel runs on one GPU (tp=1)")
+        ok, why = self.supported(model.cfg, model.device)
+        if not ok:
+            raise BackendUnavailable(why)
+        if cache.k.dtype != torch.bfloat16:
+            raise BackendUnavailable(f"monokernel needs a bf16 KV cache (got {cache.k.dtype})")
+        from kernels.runtime import Monokernel
+        self.mk = Monokernel(model, cache.k, cache.v, max_steps=max_steps)
+        self._logits = torch.empty(1, model.cfg.vocab_size, dtype=torch.float32, device=model.device)
+        self.stats = {"launches": 0, "tokens": 0, "cancelled": 0}
+        log.info("monokernel backend ready: %s", self.describe())
+
+    def warmup(self) -> None:
+        """One real step on slot 0 (empty at start, its KV position 0 is rewritten by any later prefill)."""
+        self.decode(0, 0, 0)
+        torch.cuda.synchronize(self.model.device)
+
+    def describe(self) -> str:
+        s = self.mk.sched
+        return f"monokernel ({self.mk.n_sm} CTAs, {sum(map(len, s.per_sm))} instructions/step)"
+
+    def prefill(self, slot, ids, start_pos, all_logits=False):
+        return self.model.forward(self.cache.k, self.cache.v, slot, ids, start_pos, all_logits)
+
+    def decode(self, slot, token, pos):
+        self.mk.launch(slot, token, pos, 1, logits_out=self._logits)
+        self.mk.wait()
+        self.stats["launches"] += 1
+        return self._logits[0].clone()
+
+    def decode_loop(self, slot: int, token: int, pos: int, max_new: int, sampling: SamplingParams,
+                    stop_ids: frozenset[int], cancel: threading.Event | None,
+                    generator: torch.Generator | None = None) -> Iterator[int]:
+        n = min(max_new, self.cache.max_len - pos, self.mk.max_steps)
+        if n <= 0 or (cancel is not None and cancel.is_set()):
+            return
+        if sampling.seed is not None:
+            seed = sampling.seed
+        elif generator is not None:
+            seed = int(torch.randint(0, 2 ** 62, (1,), generator=generator))
+        else:
+            seed = random.getrandbits(62)
+        mk = self.mk
+        mk.launch(slot, token, pos, n, temperature=sampling.temperature, top_p=sampling.top_p, seed=seed,
+                  stop_ids=sorted(stop_ids))
+        self.stats["launches"] += 1
+        got = 0
+        spins = 0
+        try:
+            while True:
+                cnt = mk.count()
+                while got < cnt:
+                    if cancel is not None and cancel.is_set():
+                        self.stats["cancelled"] += 1
+                        return
+                    tok = mk.token(got)
+                    got += 1
+                    self.stats["tokens"] += 1
+                    yield tok
+                if mk.done() and got >= mk.count():
+                    return
+                if cancel is not None and cancel.is_set():
+                    self.stats["cancelled"] += 1
+                    return
+                spins += 1
+                if spins % 64 == 0:
+                    if mk.kernel_finished() and not mk.done():
+                        raise RuntimeError("monokernel exited without finishing its token loop")
+                    time.sleep(20e-6)
+        finally:
+            if not mk.done():
+                mk.cancel()
+            mk.wait()

@@ -1,0 +1,77 @@
+"""Build the monokernel shared library with plain nvcc (no torch headers: seconds, not a minute).
+
+The library is cached under ~/.cache/kog-lsp/kernels/<hash>/ keyed by the sources, the rendered ISA header and
+the flags; a build prints one progress line. `KOG_KERNELS_CACHE` overrides the cache root.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from . import isa
+
+CSRC = Path(__file__).parent / "csrc"
+# Every CUDA source beside monokernel.cu (one translation unit); mk_isa.h is rendered from isa.py instead.
+SOURCES = tuple(sorted(p.name for p in CSRC.glob("*") if p.suffix in (".cu", ".cuh", ".h") and p.name != "mk_isa.h"))
+ARCH = "-gencode=arch=compute_90a,code=sm_90a"
+FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-shared", "-lineinfo", "-Xptxas", "-v")
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("KOG_KERNELS_CACHE", Path.home() / ".cache" / "kog-lsp" / "kernels"))
+
+
+def find_nvcc() -> str | None:
+    for cand in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and Path(cand).exists():
+            return cand
+    return None
+
+
+def source_hash() -> str:
+    h = hashlib.sha256()
+    for name in SOURCES:
+        h.update(name.encode())
+        h.update((CSRC / name).read_bytes())
+    h.update(isa.render_header().encode())
+    h.update(" ".join((ARCH,) + FLAGS).encode())
+    return h.hexdigest()[:16]
+
+
+def build(verbose: bool = False) -> Path:
+    """-> path of libmonokernel.so (built if the cache has none for these sources)."""
+    out_dir = cache_root() / source_hash()
+    lib = out_dir / "libmonokernel.so"
+    if lib.exists():
+        return lib
+    nvcc = find_nvcc()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found (set NVCC or put it on PATH) and no cached monokernel build exists")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # The rendered header goes next to the build and comes first on the include path, so the ISA used is
+    # always the one kernels/isa.py describes (tests check the checked-in copy matches too).
+    (out_dir / "mk_isa.h").write_text(isa.render_header())
+    tmp = out_dir / f"libmonokernel.{os.getpid()}.so"
+    cmd = [nvcc, ARCH, *FLAGS, f"-I{out_dir}", f"-I{CSRC}", "-o", str(tmp), str(CSRC / "monokernel.cu")]
+    print(f"[kernels] building monokernel with nvcc into {out_dir} ...", file=sys.stderr, flush=True)
+    t0 = time.time()
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    (out_dir / "build.log").write_text(res.stdout + res.stderr)
+    if res.returncode != 0:
+        raise RuntimeError(f"nvcc failed ({res.returncode}):\n{res.stderr[-4000:]}")
+    if "spill" in res.stderr and " 0 bytes spill stores" not in res.stderr:
+        print("[kernels] warning: ptxas reports register spills (see build.log)", file=sys.stderr)
+    os.replace(tmp, lib)
+    print(f"[kernels] built in {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
+    if verbose:
+        print(res.stderr, file=sys.stderr)
+    return lib
+
+
+if __name__ == "__main__":
+    print(build(verbose=True))

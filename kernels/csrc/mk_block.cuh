@@ -1,0 +1,125 @@
+// Block-level helpers of the monokernel: reductions, counter wait (with watchdog) / signal, vector loads.
+// Included by monokernel.cu only (one translation unit); relies on its includes and defines.
+#pragma once
+
+// ---------------------------------------------------------------- block helpers
+MK_DEV float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += mk_shfl_xor(v, o);
+    return v;
+}
+
+// Deterministic block sum (fixed tree); every thread gets the result. scr: >= NW + 1 floats.
+MK_DEV float block_sum(float v, float* scr) {
+    v = warp_sum(v);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    __syncthreads();
+    if (l == 0) scr[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        float t = l < NW ? scr[l] : 0.f;
+        t = warp_sum(t);
+        if (l == 0) scr[NW] = t;
+    }
+    __syncthreads();
+    return scr[NW];
+}
+
+MK_DEV bool better(float v, int i, float bv, int bi) { return v > bv || (v == bv && i < bi); }
+
+// Block argmax, ties to the lowest index; every thread gets (value, index). scr: >= 2 * NW + 2 words.
+MK_DEV void block_argmax(float& v, int& idx, float* scr) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) {
+        const float ov = mk_shfl_xor(v, o);
+        const int oi = mk_shfl_xor_i(idx, o);
+        if (better(ov, oi, v, idx)) { v = ov; idx = oi; }
+    }
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    int* iscr = (int*)(scr + NW);
+    __syncthreads();
+    if (l == 0) { scr[w] = v; iscr[w] = idx; }
+    __syncthreads();
+    if (w == 0) {
+        float tv = l < NW ? scr[l] : -INFINITY;
+        int ti = l < NW ? iscr[l] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o; o >>= 1) {
+            const float ov = mk_shfl_xor(tv, o);
+            const int oi = mk_shfl_xor_i(ti, o);
+            if (better(ov, oi, tv, ti)) { tv = ov; ti = oi; }
+        }
+        if (l == 0) { scr[2 * NW] = tv; iscr[NW + 1] = ti; }
+    }
+    __syncthreads();
+    v = scr[2 * NW];
+    idx = iscr[NW + 1];
+    __syncthreads();
+}
+
+// Thread 0 spins until *c >= target. Returns false (in every thread) when the launch is aborted: this wait
+// outlived the watchdog (it reports itself to the host and raises the abort flag) or another CTA's did.
+MK_DEV bool wait_ctr(const MkParams& p, const unsigned* c, unsigned target, int step, int* sflag) {
+    if (threadIdx.x == 0) {
+        int ok = 1;
+        if (mk_ld_acquire(c) < target) {
+            const long long t0 = clock64();
+            unsigned it = 0;
+            unsigned v;
+            while ((v = mk_ld_acquire(c)) < target) {
+                if ((++it & 255u) == 0) {
+                    if (*(volatile int*)(p.status + MK_STATUS_ABORT)) { ok = 0; break; }
+                    if ((unsigned long long)(clock64() - t0) > p.watchdog_cycles) {
+                        ok = 0;
+                        if (atomicExch(p.status + MK_STATUS_ABORT, 1) == 0) {
+                            volatile int* hs = p.host_stat;
+                            hs[MK_HOST_WD_BLOCK] = blockIdx.x;
+                            hs[MK_HOST_WD_CTR] = (int)(c - p.ctr);
+                            hs[MK_HOST_WD_TARGET] = (int)target;
+                            hs[MK_HOST_WD_VALUE] = (int)v;
+                            hs[MK_HOST_WD_STEP] = step;
+                            hs[MK_HOST_REASON] = 4;
+                            __threadfence_system();
+                            hs[MK_HOST_DONE] = 1;
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        sflag[2] = ok;
+    }
+    __syncthreads();
+    const bool ok = sflag[2] != 0;
+    __syncthreads();
+    return ok;
+}
+
+MK_DEV void signal_ctr(unsigned* c) {
+    __syncthreads();                 // every thread's writes precede thread 0's release
+    if (threadIdx.x == 0) {
+        __threadfence();
+        mk_red_release(c, 1u);
+    }
+}
+
+// dst[0:n] = src[0:n] (fp32, written by other CTAs; n % 4 == 0). Caller syncs.
+MK_DEV void load_vec(float* dst, const float* src, int n) {
+    for (int i = threadIdx.x * 4; i < n; i += NT * 4)
+        *(float4*)(dst + i) = mk_ld_cg4((const float4*)(src + i));
+}
+
+// dst = RMSNorm(src) * w, fp32, n % 4 == 0. Ends synced.
+MK_DEV void norm_vec(float* dst, const float* src, const float* w, int n, float eps, float* scr) {
+    float ss = 0.f;
+    for (int i = threadIdx.x * 4; i < n; i += NT * 4) {
+        const float4 a = mk_ld_cg4((const float4*)(src + i));
+        *(float4*)(dst + i) = a;
+        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+    }
+    ss = block_sum(ss, scr);
+    const float r = rsqrtf(ss / (float)n + eps);
+    for (int i = threadIdx.x; i < n; i += NT) dst[i] = dst[i] * r * w[i];
+    __syncthreads();
+}
+

@@ -1,0 +1,68 @@
+// Vendor layer of the monokernel: every CUDA-specific primitive the kernel uses is defined here.
+//
+// HIP / MI300X port (what would change, all in this file plus the launch in monokernel.cu):
+// - headers: <hip/hip_runtime.h>, <hip/hip_bf16.h>; cuda* -> hip* (hipLaunchCooperativeKernel,
+//   hipHostMalloc(hipHostMallocMapped), hipHostGetDevicePointer, hipFuncSetAttribute).
+// - wavefront of 64 lanes: MK_WARP becomes 64 and the shuffle masks go away (__shfl_xor without mask);
+//   the matvec item size (32 lanes x MK_MV_UNROLL chunks) doubles unless the schedule is rebuilt for 64.
+// - acquire/release: __hip_atomic_load(p, __ATOMIC_ACQUIRE, __HIP_MEMORY_SCOPE_AGENT) and
+//   __hip_atomic_fetch_add(..., __ATOMIC_RELEASE, __HIP_MEMORY_SCOPE_AGENT) instead of the PTX below.
+// - L2-coherent loads (ld.global.cg) become __builtin_nontemporal_load or plain loads with glc/slc bits;
+//   streaming weight loads (ld.global.nc.L1::no_allocate) become nontemporal loads.
+// - the L2 bulk prefetch (cp.async.bulk.prefetch.L2) has no direct equivalent: use __builtin_prefetch-style
+//   global loads into a dummy register or drop it (it is only a hint).
+// - __threadfence_system() exists in HIP; mapped host memory must be fine-grained (hipHostMallocCoherent).
+#pragma once
+#include <cuda_runtime.h>
+#include <cuda_bf16.h>
+#include <stdint.h>
+
+typedef __nv_bfloat16 mk_bf16;
+#define MK_DEV __device__ __forceinline__
+#define MK_WARP 32
+
+// Spin target: a counter another CTA bumps with release semantics.
+MK_DEV unsigned mk_ld_acquire(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+MK_DEV void mk_red_release(unsigned* p, unsigned v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+MK_DEV unsigned mk_atom_acq_rel(unsigned* p, unsigned v) {
+    unsigned old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+// Weights: read once per token, never written by the kernel -> non-coherent path, no L1 allocation.
+// volatile keeps the issue order as written: loads meant to be in flight during a spin wait stay before it.
+MK_DEV uint4 mk_ld_stream16(const void* p) {
+    uint4 r;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w) : "l"(p));
+    return r;
+}
+// Hint: pull [p, p + bytes) into L2 (bulk copy engine, sm_90; bytes % 16 == 0, p 16-byte aligned).
+MK_DEV void mk_prefetch_l2(const void* p, unsigned bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
+}
+// Data written by other CTAs during this launch: bypass L1 (not coherent across SMs), read from L2.
+MK_DEV float mk_ld_cg(const float* p) { return __ldcg(p); }
+MK_DEV float4 mk_ld_cg4(const float4* p) { return __ldcg(p); }
+MK_DEV int mk_ld_cg_i(const int* p) { return __ldcg(p); }
+MK_DEV unsigned mk_ld_cg_u32(const void* p) { return __ldcg((const unsigned*)p); }
+MK_DEV uint2 mk_ld_cg_u64(const void* p) { return __ldcg((const uint2*)p); }
+MK_DEV float mk_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+MK_DEV int mk_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+MK_DEV float mk_bf2f(mk_bf16 v) { return __bfloat162float(v); }
+MK_DEV mk_bf16 mk_f2bf(float v) { return __float2bfloat16(v); }
+// 8 bf16 packed in a uint4 -> 8 floats (bf16 is the top half of an fp32).
+MK_DEV void mk_unpack8(const uint4 w, float* f) {
+    const unsigned u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        f[2 * i] = __uint_as_float(u[i] << 16);
+        f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
+    }
+}

@@ -1,0 +1,212 @@
+// The monokernel: one persistent CTA per SM runs the whole decode loop (all layers, LM head, sampling, N tokens).
+//
+// Each CTA executes its host-built instruction list (kernels/schedule.py) once per token step. Stages hand
+// data to each other through small fp32 buffers in global memory and monotonic counters: a producer bumps its
+// counter with release semantics after writing, a consumer's thread 0 spins with acquire loads until the
+// counter reaches (step + 1) * producers, so no grid-wide barrier and no reset between steps. Data written by
+// other CTAs is read with L2-coherent loads (ld.global.cg); weights with streaming 16-byte loads.
+// Vendor-specific primitives live in mk_vendor.h; the instruction format and the parameter struct are
+// generated from kernels/isa.py into mk_isa.h.
+#include "mk_vendor.h"
+#include "mk_isa.h"
+#include <math.h>
+
+#define NT MK_NTHREADS
+#define NW MK_NWARPS
+#define U MK_MV_UNROLL
+
+#include "mk_block.cuh"
+#include "mk_matvec.cuh"
+#include "mk_sample.cuh"
+#include "mk_attention.cuh"
+
+// ---------------------------------------------------------------- weight prefetch
+// Weights do not depend on data: before spinning on an instruction's inputs, ask L2 for the first
+// prefetch_bytes of its weight rows (they are contiguous), so the matvec starts on L2 hits.
+MK_DEV void prefetch_rows(const mk_bf16* base, size_t row0, int rows, int K, int budget) {
+    const size_t bytes = (size_t)rows * K * 2;
+    const unsigned n = (unsigned)(bytes < (size_t)budget ? bytes : (size_t)budget) & ~15u;
+    const char* p = (const char*)(base + row0 * K);
+    const unsigned chunk = 4096;
+    for (unsigned off = threadIdx.x * chunk; off < n; off += NT * chunk)
+        mk_prefetch_l2(p + off, n - off < chunk ? n - off : chunk);
+}
+
+MK_DEV void prefetch_instr(const MkParams& p, const int* ins) {
+    const int op = ins[MK_F_OP], a0 = ins[MK_F_A0], a1 = ins[MK_F_A1];
+    const MkLayer& Lw = p.layers[ins[MK_F_LAYER]];
+    const int b = p.prefetch_bytes;
+    switch (op) {
+    case MK_OP_QKV: prefetch_rows(Lw.wqkv, a0, a1, p.d, b); break;
+    case MK_OP_OPROJ: prefetch_rows(Lw.wo, a0, a1, p.q_dim, b); break;
+    case MK_OP_GATEUP:
+        prefetch_rows(Lw.wgu, a0, a1, p.d, b / 2);
+        prefetch_rows(Lw.wgu, (size_t)p.ffn + a0, a1, p.d, b / 2);
+        break;
+    case MK_OP_DOWN: prefetch_rows(Lw.wd, a0, a1, p.ffn, b); break;
+    case MK_OP_LMHEAD: prefetch_rows(p.lm_head, a0, a1, p.d, b); break;
+    default: break;
+    }
+}
+
+// ---------------------------------------------------------------- the kernel
+extern __shared__ float4 mk_smem4[];
+
+__global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
+    float* sm = (float*)mk_smem4;
+    __shared__ float scr[2 * NW + 8];
+    __shared__ int sflag[4];
+    const int* my = p.instr + (size_t)p.sm_off[blockIdx.x] * MK_INSTR_WORDS;
+    const int n_my = p.sm_off[blockIdx.x + 1] - p.sm_off[blockIdx.x];
+    float* sv = sm + p.sm_vec;
+    float* red = sm + p.sm_red;
+    float* out = sm + p.sm_out;
+    unsigned* tok_ctr = p.ctr + p.token_ctr;
+
+    if (blockIdx.x == 0) {   // prologue: the first token's embedding
+        const mk_bf16* e = p.embed + (size_t)p.first_token * p.d;
+        for (int i = threadIdx.x; i < p.d; i += NT) p.x[i] = mk_bf2f(e[i]);
+        signal_ctr(tok_ctr);
+    }
+    for (int step = 0; step < p.n_steps; ++step) {
+        if (step > 0) {
+            if (!wait_ctr(p, tok_ctr, (unsigned)(step + 1), step, sflag)) return;
+            if (threadIdx.x == 0) sflag[1] = mk_ld_cg_i(p.status + MK_STATUS_STOP);
+            __syncthreads();
+            const int stopped = sflag[1];
+            __syncthreads();
+            if (stopped != 0 && stopped <= step) break;
+        }
+        const int pos = p.pos0 + step;
+        for (int ii = 0; ii < n_my; ++ii) {
+            const int* ins = my + ii * MK_INSTR_WORDS;
+            const int op = ins[MK_F_OP], layer = ins[MK_F_LAYER], a0 = ins[MK_F_A0], a1 = ins[MK_F_A1];
+            const MkLayer& Lw = p.layers[layer];
+            // The matvec this instruction runs (weights only: known before its inputs are ready).
+            RowMap m{nullptr, a0, a1, 0};
+            int R = 0, K = 0;
+            switch (op) {
+            case MK_OP_QKV: m.base = Lw.wqkv; R = a1; K = p.d; break;
+            case MK_OP_OPROJ: m.base = Lw.wo; R = a1; K = p.q_dim; break;
+            case MK_OP_GATEUP: m.base = Lw.wgu; m.off2 = p.ffn; R = 2 * a1; K = p.d; break;
+            case MK_OP_DOWN: m.base = Lw.wd; R = a1; K = p.ffn; break;
+            case MK_OP_LMHEAD: m.base = p.lm_head; R = a1; K = p.d; break;
+            default: break;
+            }
+            uint4 w[2][U];
+            int cb[2];
+            const bool pre = R > 0 && p.early_loads;
+            if (pre) mv_load(m, R, K, threadIdx.x >> 5, w, cb);   // in flight while we wait
+            if (p.prefetch_bytes > 0) prefetch_instr(p, ins);
+            if (!wait_ctr(p, p.ctr + ins[MK_F_WAIT_CTR], (unsigned)((step + 1) * ins[MK_F_WAIT_N]), step, sflag))
+                return;
+            switch (op) {
+            case MK_OP_QKV: {
+                norm_vec(sv, p.x, Lw.ln1, p.d, p.eps, scr);
+                matvec(m, R, K, sv, red, out, w, cb, pre);
+                for (int r = threadIdx.x; r < a1; r += NT)
+                    p.qkv[a0 + r] = out[r] + (Lw.bqkv ? Lw.bqkv[a0 + r] : 0.f);
+                break;
+            }
+            case MK_OP_ATTN:
+                if (p.head_dim == 64) op_attn<64>(p, ins, step, pos, sm, sflag);
+                else op_attn<128>(p, ins, step, pos, sm, sflag);
+                continue;   // ATTN signals through its ticket / combine
+            case MK_OP_OPROJ: {
+                load_vec(sv, p.attn, p.q_dim);
+                __syncthreads();
+                matvec(m, R, K, sv, red, out, w, cb, pre);
+                for (int r = threadIdx.x; r < a1; r += NT) p.x[a0 + r] = mk_ld_cg(p.x + a0 + r) + out[r];
+                break;
+            }
+            case MK_OP_GATEUP: {
+                norm_vec(sv, p.x, Lw.ln2, p.d, p.eps, scr);
+                matvec(m, R, K, sv, red, out, w, cb, pre);
+                for (int r = threadIdx.x; r < a1; r += NT) {
+                    const float gt = out[r];
+                    p.h[a0 + r] = gt / (1.f + expf(-gt)) * out[a1 + r];
+                }
+                break;
+            }
+            case MK_OP_DOWN: {
+                load_vec(sv, p.h, p.ffn);
+                __syncthreads();
+                matvec(m, R, K, sv, red, out, w, cb, pre);
+                for (int r = threadIdx.x; r < a1; r += NT) p.x[a0 + r] = mk_ld_cg(p.x + a0 + r) + out[r];
+                break;
+            }
+            case MK_OP_LMHEAD: {
+                norm_vec(sv, p.x, p.final_norm, p.d, p.eps, scr);
+                matvec(m, R, K, sv, red, out, w, cb, pre);
+                if (p.logits_out)
+                    for (int r = threadIdx.x; r < a1; r += NT)
+                        p.logits_out[(size_t)step * p.vocab + a0 + r] = out[r];
+                lm_record(p, out, a1, a0, step, p.lmrec + (size_t)ins[MK_F_AUX] * MK_REC_WORDS, scr);
+                break;
+            }
+            case MK_OP_SAMPLE:
+                op_sample(p, step, sm, scr, sflag);
+                break;
+            default:
+                break;
+            }
+            signal_ctr(p.ctr + ins[MK_F_SIG_CTR]);
+        }
+    }
+}
+
+// ---------------------------------------------------------------- C ABI (ctypes)
+extern "C" {
+
+int mk_params_size() { return (int)sizeof(MkParams); }
+int mk_layer_size() { return (int)sizeof(MkLayer); }
+
+int mk_device_info(int dev, int* n_sm, int* smem_optin, int* major, int* minor) {
+    cudaDeviceProp pr;
+    cudaError_t e = cudaGetDeviceProperties(&pr, dev);
+    if (e != cudaSuccess) return (int)e;
+    *n_sm = pr.multiProcessorCount;
+    *smem_optin = (int)pr.sharedMemPerBlockOptin;
+    *major = pr.major;
+    *minor = pr.minor;
+    return 0;
+}
+
+const char* mk_error_string(int e) { return cudaGetErrorString((cudaError_t)e); }
+
+// This library links its own CUDA runtime: make it use the torch tensors' device (primary context shared).
+int mk_set_device(int dev) { return (int)cudaSetDevice(dev); }
+
+// Counters and status are zeroed on the stream first, so every launch starts at step 0 with no reset inside.
+int mk_launch(const MkParams* p, int grid, int smem, void* stream, int n_ctr) {
+    cudaStream_t s = (cudaStream_t)stream;
+    cudaError_t e = cudaFuncSetAttribute(mk_decode, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return (int)e;
+    e = cudaMemsetAsync(p->ctr, 0, sizeof(unsigned) * (size_t)n_ctr, s);
+    if (e != cudaSuccess) return (int)e;
+    e = cudaMemsetAsync(p->status, 0, sizeof(int) * 4, s);
+    if (e != cudaSuccess) return (int)e;
+    MkParams local = *p;
+    void* args[] = {&local};
+    // Cooperative launch: refuses to start unless every CTA is resident at once, which the spin waits need.
+    e = cudaLaunchCooperativeKernel((const void*)mk_decode, dim3(grid), dim3(NT), args, (size_t)smem, s);
+    if (e != cudaSuccess) return (int)e;
+    return (int)cudaGetLastError();
+}
+
+int mk_host_alloc(size_t bytes, void** host, void** dev) {
+    cudaError_t e = cudaHostAlloc(host, bytes, cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e != cudaSuccess) return (int)e;
+    memset(*host, 0, bytes);
+    return (int)cudaHostGetDevicePointer(dev, *host, 0);
+}
+
+int mk_host_free(void* host) { return (int)cudaFreeHost(host); }
+
+int mk_occupancy(int smem, int* blocks_per_sm) {
+    cudaError_t e = cudaFuncSetAttribute(mk_decode, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return (int)e;
+    return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, mk_decode, NT, (size_t)smem);
+}
+
+}  // extern "C"

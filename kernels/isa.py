@@ -1,0 +1,148 @@
+"""The monokernel instruction format: the single source of truth for Python and CUDA.
+
+`render_header()` produces kernels/csrc/mk_isa.h; the build regenerates it and a test checks that the file on
+disk equals the rendered text, so the two sides cannot drift.
+
+An instruction is 8 int32 words:
+    op, layer, a0, a1, wait_ctr, wait_n, sig_ctr, aux
+- op: one of OPS below.
+- a0/a1: for matvec ops the first output row and the row count; for ATTN the kv head and the split index.
+- wait_ctr/wait_n: before running at token step s the executing CTA spins until
+  counter[wait_ctr] >= (s + 1) * wait_n (counters start at 0 each launch and only grow, so no reset per step).
+- sig_ctr: counter incremented (release) once the instruction's outputs are written.
+- aux: ATTN: the per-(layer, kv head) "combined" counter bumped by the last split to finish;
+  LMHEAD: index of this block's candidate record.
+"""
+from __future__ import annotations
+
+OPS = {
+    "QKV": 1,      # RMSNorm(x) -> rows of [q;k;v] (+bias), raw (RoPE is applied by ATTN)
+    "ATTN": 2,     # one (kv head, position split) partial; last split also appends K/V at pos; last finisher combines
+    "OPROJ": 3,    # x[rows] += Wo[rows] . attn
+    "GATEUP": 4,   # RMSNorm(x) -> h[rows] = silu(gate[rows] . xn) * (up[rows] . xn)
+    "DOWN": 5,     # x[rows] += Wd[rows] . h
+    "LMHEAD": 6,   # RMSNorm(x) -> logits[rows] + this block's sampling record
+    "SAMPLE": 7,   # reduce the records, pick the token, stream it, embed it into x, bump TOKEN
+}
+FIELDS = ("op", "layer", "a0", "a1", "wait_ctr", "wait_n", "sig_ctr", "aux")
+INSTR_WORDS = len(FIELDS)
+
+# Counter layout: per layer one counter per stage, then LM and TOKEN, then one ATTN ticket per (layer, kv head)
+# (splits take a ticket when their partial is written; the last one combines). ATTN_DONE counts combined heads.
+CTR_PER_LAYER = 5
+CTR_QKV, CTR_ATTN_DONE, CTR_OPROJ, CTR_GATEUP, CTR_DOWN = 0, 1, 2, 3, 4
+
+# Per-block sampling record written by each LMHEAD instruction: 32-bit words, floats and ints by position.
+TOPK = 8
+REC_WORDS = 8 + 2 * TOPK   # max, argmax, sumexp, gumbel_best, gumbel_id, pad x3, topv[TOPK], topi[TOPK]
+
+# Kernel geometry the schedule builder and the CUDA code agree on.
+NTHREADS = 512
+NWARPS = NTHREADS // 32
+MV_UNROLL = 4              # 16-byte chunks per lane per matvec item (loads in flight per lane)
+MAX_GROUP = 8              # q heads per kv head an ATTN instruction handles
+MAX_SPLITS = 64
+SMEM_RED_FLOATS = 8192     # matvec partial sums per instruction: rows x items_per_row must fit
+
+
+def counter_index(layer: int, which: int) -> int:
+    return layer * CTR_PER_LAYER + which
+
+
+def n_counters(n_layers: int, n_kv_heads: int) -> int:
+    # per-layer block + LM + TOKEN + per-(layer, head) ATTN tickets
+    return n_layers * CTR_PER_LAYER + 2 + n_layers * n_kv_heads
+
+
+def lm_counter(n_layers: int) -> int:
+    return n_layers * CTR_PER_LAYER
+
+
+def token_counter(n_layers: int) -> int:
+    return n_layers * CTR_PER_LAYER + 1
+
+
+def attn_ticket(n_layers: int, n_kv_heads: int, layer: int, head: int) -> int:
+    return n_layers * CTR_PER_LAYER + 2 + layer * n_kv_heads + head
+
+
+# Kernel parameters, passed by value (one struct) and mirrored by a ctypes Structure (kernels/runtime.py).
+# kinds: "p:<C type>" pointer, "u64", "f32", "i32". Pointers first so C and ctypes pad the same way.
+LAYER_FIELDS = [("ln1", "p:const float"), ("wqkv", "p:const mk_bf16"), ("bqkv", "p:const float"),
+                ("wo", "p:const mk_bf16"), ("ln2", "p:const float"), ("wgu", "p:const mk_bf16"),
+                ("wd", "p:const mk_bf16")]
+PARAM_FIELDS = [
+    ("layers", "p:const MkLayer"), ("embed", "p:const mk_bf16"), ("lm_head", "p:const mk_bf16"),
+    ("final_norm", "p:const float"), ("inv_freq", "p:const float"),
+    ("k_cache", "p:mk_bf16"), ("v_cache", "p:mk_bf16"),            # this slot's [L, kvh, max_len, hd]
+    ("x", "p:float"), ("qkv", "p:float"), ("attn", "p:float"), ("h", "p:float"), ("part", "p:float"),
+    ("lmrec", "p:float"), ("ctr", "p:unsigned"), ("status", "p:int"),
+    ("instr", "p:const int"), ("sm_off", "p:const int"),
+    ("forced", "p:const int"), ("logits_out", "p:float"), ("out_tokens", "p:int"),
+    ("host_tokens", "p:int"), ("host_stat", "p:int"), ("cancel", "p:const int"), ("stop_ids", "p:const int"),
+    ("seed", "u64"), ("watchdog_cycles", "u64"),
+    ("eps", "f32"), ("attn_scale", "f32"), ("temperature", "f32"), ("top_p", "f32"),
+    ("d", "i32"), ("q_dim", "i32"), ("kv_dim", "i32"), ("ffn", "i32"), ("vocab", "i32"), ("n_layers", "i32"),
+    ("n_kv", "i32"), ("head_dim", "i32"), ("group", "i32"), ("n_splits", "i32"), ("max_len", "i32"),
+    ("n_lm", "i32"), ("pos0", "i32"), ("n_steps", "i32"), ("first_token", "i32"), ("n_stop", "i32"),
+    ("prefetch_bytes", "i32"),   # per instruction, weights pulled into L2 before its wait (0 = off)
+    ("early_loads", "i32"),      # 1: a matvec's first batch of weight loads is issued before its wait
+    ("sm_vec", "i32"), ("sm_red", "i32"), ("sm_out", "i32"), ("sm_scr", "i32"), ("token_ctr", "i32"),
+]
+# status[] words (device) and host_stat[] words (mapped host memory)
+STATUS_STOP, STATUS_REASON, STATUS_ABORT = 0, 1, 2   # stop: 0 running, else (last step + 1); abort: watchdog
+HOST_COUNT, HOST_DONE, HOST_REASON = 0, 1, 2
+# A wait that spins longer than watchdog_cycles aborts the whole launch and reports where it was stuck.
+HOST_WD_BLOCK, HOST_WD_CTR, HOST_WD_TARGET, HOST_WD_VALUE, HOST_WD_STEP = 3, 4, 5, 6, 7
+HOST_WORDS = 8
+REASONS = {1: "length", 2: "stop", 3: "cancelled", 4: "watchdog"}
+
+
+def _c_fields(fields) -> list[str]:
+    out = []
+    for name, kind in fields:
+        if kind.startswith("p:"):
+            out.append(f"    {kind[2:]}* {name};")
+        else:
+            out.append(f"    {dict(u64='unsigned long long', f32='float', i32='int')[kind]} {name};")
+    return out
+
+
+def render_header() -> str:
+    lines = [
+        "// GENERATED by kernels/isa.py (render_header); do not edit. tests/kernels checks it is current.",
+        "#pragma once",
+        "",
+    ]
+    for name, code in OPS.items():
+        lines.append(f"#define MK_OP_{name} {code}")
+    lines.append("")
+    for i, f in enumerate(FIELDS):
+        lines.append(f"#define MK_F_{f.upper()} {i}")
+    lines += [
+        f"#define MK_INSTR_WORDS {INSTR_WORDS}",
+        f"#define MK_CTR_PER_LAYER {CTR_PER_LAYER}",
+        f"#define MK_TOPK {TOPK}",
+        f"#define MK_REC_WORDS {REC_WORDS}",
+        f"#define MK_NTHREADS {NTHREADS}",
+        f"#define MK_NWARPS {NWARPS}",
+        f"#define MK_MV_UNROLL {MV_UNROLL}",
+        f"#define MK_MAX_GROUP {MAX_GROUP}",
+        f"#define MK_MAX_SPLITS {MAX_SPLITS}",
+        f"#define MK_SMEM_RED_FLOATS {SMEM_RED_FLOATS}",
+        f"#define MK_STATUS_STOP {STATUS_STOP}",
+        f"#define MK_STATUS_REASON {STATUS_REASON}",
+        f"#define MK_HOST_COUNT {HOST_COUNT}",
+        f"#define MK_HOST_DONE {HOST_DONE}",
+        f"#define MK_HOST_REASON {HOST_REASON}",
+        f"#define MK_STATUS_ABORT {STATUS_ABORT}",
+        f"#define MK_HOST_WD_BLOCK {HOST_WD_BLOCK}",
+        f"#define MK_HOST_WD_CTR {HOST_WD_CTR}",
+        f"#define MK_HOST_WD_TARGET {HOST_WD_TARGET}",
+        f"#define MK_HOST_WD_VALUE {HOST_WD_VALUE}",
+        f"#define MK_HOST_WD_STEP {HOST_WD_STEP}",
+    ]
+    lines += [f"#define MK_REASON_{v.upper()} {k}" for k, v in REASONS.items()]
+    lines += ["", "struct MkLayer {"] + _c_fields(LAYER_FIELDS) + ["};", "", "struct MkParams {"]
+    lines += _c_fields(PARAM_FIELDS) + ["};", ""]
+    return "\n".join(lines)

@@ -1,0 +1,266 @@
+"""ctypes binding of the monokernel library and the GPU state one model needs to run it.
+
+`Monokernel(model, k_cache, v_cache)` packs the per-layer weight pointers, allocates the small fp32 scratch
+buffers, the counters and the mapped (pinned, device-visible) host buffers through which tokens stream out and
+the cancel flag goes in, builds the schedule, and launches the persistent kernel on the current torch stream.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import random
+import time
+
+import torch
+
+from . import isa
+from .build import build
+from .schedule import Dims, Schedule, build as build_schedule
+
+log = logging.getLogger("kernels")
+
+
+def _ctype(kind: str):
+    return {"u64": ctypes.c_uint64, "f32": ctypes.c_float, "i32": ctypes.c_int32}.get(kind, ctypes.c_void_p)
+
+
+class MkLayer(ctypes.Structure):
+    _fields_ = [(n, _ctype(k)) for n, k in isa.LAYER_FIELDS]
+
+
+class MkParams(ctypes.Structure):
+    _fields_ = [(n, _ctype(k)) for n, k in isa.PARAM_FIELDS]
+
+
+_LIB = None
+
+
+def load_library() -> ctypes.CDLL:
+    global _LIB
+    if _LIB is None:
+        lib = ctypes.CDLL(str(build()))
+        lib.mk_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+        lib.mk_host_alloc.argtypes = [ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
+        lib.mk_host_free.argtypes = [ctypes.c_void_p]
+        lib.mk_error_string.restype = ctypes.c_char_p
+        lib.mk_occupancy.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+        if lib.mk_params_size() != ctypes.sizeof(MkParams) or lib.mk_layer_size() != ctypes.sizeof(MkLayer):
+            raise RuntimeError("MkParams layout differs between CUDA and ctypes (stale build?)")
+        _LIB = lib
+    return _LIB
+
+
+def _check(lib, err: int, what: str) -> None:
+    if err != 0:
+        raise RuntimeError(f"{what}: CUDA error {err} ({lib.mk_error_string(err).decode()})")
+
+
+class HostBuffer:
+    """int32 array in pinned host memory mapped into the device (kernel writes, host polls, and vice versa)."""
+
+    def __init__(self, lib, n: int):
+        self.lib, self.n = lib, n
+        h, d = ctypes.c_void_p(), ctypes.c_void_p()
+        _check(lib, lib.mk_host_alloc(4 * n, ctypes.byref(h), ctypes.byref(d)), "cudaHostAlloc(mapped)")
+        self.host, self.dev = h.value, d.value
+        self.arr = (ctypes.c_int32 * n).from_address(self.host)
+
+    def __del__(self):
+        if getattr(self, "host", None):
+            self.lib.mk_host_free(ctypes.c_void_p(self.host))
+            self.host = None
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+class Monokernel:
+    """model: engine.model.Model on a CUDA device; k_cache/v_cache: [S, L, kvh, max_len, hd] bf16."""
+
+    def __init__(self, model, k_cache: torch.Tensor, v_cache: torch.Tensor, max_steps: int = 4096,
+                 n_sm: int | None = None):
+        self.lib = lib = load_library()
+        self.model, self.cfg = model, model.cfg
+        dev = model.device
+        self.device = dev
+        self.dev_index = dev.index if dev.index is not None else torch.cuda.current_device()
+        _check(lib, lib.mk_set_device(self.dev_index), "cudaSetDevice")
+        if k_cache.dtype != torch.bfloat16 or v_cache.dtype != torch.bfloat16:
+            raise ValueError("monokernel needs a bf16 KV cache")
+        self.k_cache, self.v_cache = k_cache, v_cache
+        cfg = self.cfg
+        self.dims = Dims.of(cfg)
+        props = torch.cuda.get_device_properties(dev)
+        self.n_sm = n_sm or props.multi_processor_count
+        self.sched: Schedule = build_schedule(self.dims, self.n_sm)
+        self.smem = self.sched.smem_bytes()
+        occ = ctypes.c_int(0)
+        _check(lib, lib.mk_occupancy(self.smem, ctypes.byref(occ)), "occupancy")
+        if occ.value < 1:
+            raise RuntimeError(f"monokernel CTA does not fit on an SM ({self.smem} B shared memory)")
+        bf = torch.bfloat16
+        keep = self._keep = []
+
+        def w(t, dtype=bf):   # weights in the dtype the kernel reads, contiguous (copies only when needed)
+            if t is None:
+                return None
+            t2 = t.to(dtype=dtype).contiguous()
+            keep.append(t2)
+            return t2
+
+        self.layer_tab = (MkLayer * cfg.n_layers)()
+        for i, lw in enumerate(model.layers):
+            self.layer_tab[i] = MkLayer(_ptr(w(lw.ln1, torch.float32)), _ptr(w(lw.wqkv)),
+                                        _ptr(w(lw.bqkv, torch.float32)), _ptr(w(lw.wo)),
+                                        _ptr(w(lw.ln2, torch.float32)), _ptr(w(lw.wgu)), _ptr(w(lw.wd)))
+        self.layers_dev = torch.frombuffer(bytearray(bytes(self.layer_tab)), dtype=torch.uint8).to(dev)
+        self.embed = w(model.embed)
+        self.lm_head = self.embed if model.lm_head is model.embed else w(model.lm_head)
+        self.final_norm = w(model.norm, torch.float32)
+        from engine.model import rope_inv_freq
+        self.inv_freq = rope_inv_freq(cfg).float().to(dev)
+        dm, sc = self.dims, self.sched
+        f32 = dict(dtype=torch.float32, device=dev)
+        i32 = dict(dtype=torch.int32, device=dev)
+        self.x = torch.zeros(dm.d, **f32)
+        self.qkv = torch.zeros(dm.q_dim + 2 * dm.kv_dim, **f32)
+        self.attn = torch.zeros(dm.q_dim, **f32)
+        self.h = torch.zeros(dm.ffn, **f32)
+        self.part = torch.zeros(dm.n_kv * sc.n_splits * dm.group * (dm.head_dim + 2), **f32)
+        self.lmrec = torch.zeros(sc.n_lm * isa.REC_WORDS, **f32)
+        self.ctr = torch.zeros(sc.n_counters, **i32)
+        self.status = torch.zeros(4, **i32)
+        self.max_steps = max_steps
+        self.out_tokens = torch.zeros(max_steps, **i32)
+        self.forced = torch.zeros(max_steps + 1, **i32)
+        self.stop_ids = torch.zeros(64, **i32)
+        off, ins = sc.flat()
+        self.sm_off = torch.from_numpy(off).to(dev)
+        self.instr = torch.from_numpy(ins).contiguous().to(dev)
+        if sc.n_lm * isa.TOPK * 2 > isa.SMEM_RED_FLOATS:
+            raise ValueError("too many LM-head blocks for the sampler's candidate buffer")
+        self.host_tokens = HostBuffer(lib, max_steps)
+        self.host_stat = HostBuffer(lib, isa.HOST_WORDS)
+        self.cancel_flag = HostBuffer(lib, 1)
+        vec = max(dm.d, dm.q_dim, dm.ffn)
+        self.layout = dict(sm_vec=0, sm_red=vec, sm_out=vec + isa.SMEM_RED_FLOATS, sm_scr=0)
+        self.running = False
+        self.stream = None
+        log.info("monokernel: %d CTAs x %d threads, %d instructions/step, %d attention splits, %d B shared memory",
+                 self.n_sm, isa.NTHREADS, len(ins), sc.n_splits, self.smem)
+        # A wait longer than this (~1 s at H200 clocks) aborts the launch and reports the stuck counter.
+        self.watchdog_cycles = 2_000_000_000
+        # L2 prefetch of each instruction's first weight bytes before its wait (0 = off); see bench/NOTES.md.
+        self.prefetch_bytes = 0
+        # Issue each matvec's first batch of weight loads before spinning on its inputs.
+        self.early_loads = 1
+
+    # ---- launch ----
+    def launch(self, slot: int, token: int, pos0: int, n_steps: int, temperature: float = 0.0, top_p: float = 1.0,
+               seed: int | None = None, stop_ids=(), forced: list[int] | None = None,
+               logits_out: torch.Tensor | None = None) -> None:
+        """Start the token loop (asynchronous). forced: tokens fed at steps 0.. (teacher forcing, len >= n_steps);
+        logits_out: fp32 [n_steps, V] receives every step's logits."""
+        if self.running:
+            raise RuntimeError("monokernel: a launch is still running")
+        cfg, dm, sc = self.cfg, self.dims, self.sched
+        if not 1 <= n_steps <= self.max_steps:
+            raise ValueError(f"n_steps {n_steps} outside 1..{self.max_steps}")
+        if pos0 + n_steps > self.k_cache.shape[3]:
+            raise ValueError("KV cache too short for this many steps")
+        stop_ids = list(stop_ids)[:64]
+        if stop_ids:
+            self.stop_ids[:len(stop_ids)].copy_(torch.tensor(stop_ids, dtype=torch.int32))
+        if forced is not None:
+            self.forced[:n_steps].copy_(torch.tensor(list(forced[:n_steps]), dtype=torch.int32))
+        if logits_out is not None:
+            assert logits_out.dtype == torch.float32 and logits_out.is_contiguous()
+            assert logits_out.numel() >= n_steps * dm.vocab
+        for i in range(isa.HOST_WORDS):
+            self.host_stat.arr[i] = 0
+        self.cancel_flag.arr[0] = 0
+        if seed is None:
+            seed = random.getrandbits(63)
+        L, kvh, ml, hd = self.k_cache.shape[1:]
+        p = MkParams()
+        p.layers, p.embed, p.lm_head = self.layers_dev.data_ptr(), _ptr(self.embed), _ptr(self.lm_head)
+        p.final_norm, p.inv_freq = _ptr(self.final_norm), _ptr(self.inv_freq)
+        p.k_cache, p.v_cache = _ptr(self.k_cache[slot]), _ptr(self.v_cache[slot])
+        p.x, p.qkv, p.attn, p.h, p.part = (_ptr(t) for t in (self.x, self.qkv, self.attn, self.h, self.part))
+        p.lmrec, p.ctr, p.status = _ptr(self.lmrec), _ptr(self.ctr), _ptr(self.status)
+        p.instr, p.sm_off = _ptr(self.instr), _ptr(self.sm_off)
+        p.forced = _ptr(self.forced) if forced is not None else None
+        p.logits_out = _ptr(logits_out)
+        p.out_tokens = _ptr(self.out_tokens)
+        p.host_tokens, p.host_stat, p.cancel = self.host_tokens.dev, self.host_stat.dev, self.cancel_flag.dev
+        p.stop_ids = _ptr(self.stop_ids)
+        p.seed = seed & ((1 << 64) - 1)
+        p.watchdog_cycles = int(self.watchdog_cycles)
+        p.prefetch_bytes = int(self.prefetch_bytes)
+        p.early_loads = int(self.early_loads)
+        p.eps, p.attn_scale = dm.eps, dm.head_dim ** -0.5
+        p.temperature, p.top_p = float(temperature), float(top_p)
+        p.d, p.q_dim, p.kv_dim, p.ffn, p.vocab = dm.d, dm.q_dim, dm.kv_dim, dm.ffn, dm.vocab
+        p.n_layers, p.n_kv, p.head_dim, p.group = dm.n_layers, dm.n_kv, dm.head_dim, dm.group
+        p.n_splits, p.max_len, p.n_lm = sc.n_splits, ml, sc.n_lm
+        p.pos0, p.n_steps, p.first_token, p.n_stop = pos0, n_steps, int(token), len(stop_ids)
+        for k, v in self.layout.items():
+            setattr(p, k, v)
+        p.token_ctr = isa.token_counter(dm.n_layers)
+        self._params = p
+        self.stream = torch.cuda.current_stream(self.device)
+        self.lib.mk_set_device(self.dev_index)   # per host thread: the engine worker may not be the creator
+        err = self.lib.mk_launch(ctypes.byref(p), self.n_sm, self.smem, ctypes.c_void_p(self.stream.cuda_stream),
+                                 sc.n_counters)
+        _check(self.lib, err, "monokernel launch")
+        self.running = True
+        self.n_steps = n_steps
+
+    # ---- streaming side (host polls mapped memory) ----
+    def count(self) -> int:
+        return self.host_stat.arr[isa.HOST_COUNT]
+
+    def done(self) -> bool:
+        return self.host_stat.arr[isa.HOST_DONE] != 0
+
+    def token(self, i: int) -> int:
+        return self.host_tokens.arr[i]
+
+    def reason(self) -> str:
+        return isa.REASONS.get(self.host_stat.arr[isa.HOST_REASON], "unknown")
+
+    def cancel(self) -> None:
+        self.cancel_flag.arr[0] = 1
+
+    def kernel_finished(self) -> bool:
+        return self.stream is None or self.stream.query()
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Block until the launch ends; raises TimeoutError after timeout_s (the kernel keeps running) and
+        RuntimeError if the in-kernel watchdog aborted it."""
+        if not self.running:
+            return
+        if timeout_s is not None:
+            t_end = time.monotonic() + timeout_s
+            while not self.stream.query():
+                if time.monotonic() > t_end:
+                    raise TimeoutError(f"monokernel still running after {timeout_s} s: {self.debug_state()}")
+                time.sleep(1e-3)
+        self.stream.synchronize()
+        self.running = False
+        if self.host_stat.arr[isa.HOST_REASON] == 4:
+            raise RuntimeError(f"monokernel watchdog fired: {self.debug_state()}")
+
+    def debug_state(self) -> dict:
+        a = self.host_stat.arr
+        return {"tokens": a[isa.HOST_COUNT], "done": a[isa.HOST_DONE], "reason": self.reason(),
+                "wd_block": a[isa.HOST_WD_BLOCK], "wd_ctr": a[isa.HOST_WD_CTR], "wd_target": a[isa.HOST_WD_TARGET],
+                "wd_value": a[isa.HOST_WD_VALUE], "wd_step": a[isa.HOST_WD_STEP]}
+
+    def run(self, *args, timeout_s: float = 120.0, **kw) -> tuple[list[int], str]:
+        """launch + wait -> (tokens, finish reason)."""
+        self.launch(*args, **kw)
+        self.wait(timeout_s)
+        n = self.count()
+        return [self.token(i) for i in range(n)], self.reason()

@@ -1,0 +1,192 @@
+"""Build the per-SM instruction lists for one decode step (the same lists run for every token step).
+
+Global order of stages for one step: for each layer QKV -> ATTN -> OPROJ -> GATEUP -> DOWN, then LMHEAD, SAMPLE.
+Each stage's instructions are spread round-robin over the SMs with a cursor that continues across stages, so
+no SM is always the one left with an extra instruction. Every SM's list is in global stage order and every
+wait names an earlier stage, so with all CTAs resident (cooperative launch) the schedule cannot deadlock.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import isa
+
+
+@dataclass
+class Dims:
+    """The model shape the kernel needs (read from engine.config.ModelConfig by `Dims.of`)."""
+    d: int
+    n_layers: int
+    n_heads: int
+    n_kv: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    eps: float
+
+    @classmethod
+    def of(cls, cfg) -> "Dims":
+        return cls(d=cfg.hidden_size, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv=cfg.n_kv_heads,
+                   head_dim=cfg.head_dim, ffn=cfg.intermediate_size, vocab=cfg.vocab_size, eps=cfg.rms_norm_eps)
+
+    @property
+    def q_dim(self) -> int:
+        return self.n_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.n_kv * self.head_dim
+
+    @property
+    def group(self) -> int:
+        return self.n_heads // self.n_kv
+
+
+@dataclass
+class Schedule:
+    dims: Dims
+    n_sm: int
+    n_splits: int                     # ATTN position splits per kv head
+    rows: dict[str, int]              # rows per instruction, per matvec stage
+    counts: dict[str, int]            # instructions per stage (per layer for layer stages)
+    per_sm: list[list[tuple[int, ...]]] = field(default_factory=list)
+    n_counters: int = 0
+
+    @property
+    def n_lm(self) -> int:
+        return self.counts["LMHEAD"]
+
+    def flat(self) -> tuple[np.ndarray, np.ndarray]:
+        """-> offsets int32 [n_sm + 1], instrs int32 [n_instr, INSTR_WORDS] (SM i runs instrs[off[i]:off[i+1]])."""
+        off = np.zeros(self.n_sm + 1, dtype=np.int32)
+        for i, lst in enumerate(self.per_sm):
+            off[i + 1] = off[i] + len(lst)
+        rows = [ins for lst in self.per_sm for ins in lst]
+        return off, np.asarray(rows, dtype=np.int32).reshape(-1, isa.INSTR_WORDS)
+
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory the kernel asks for: [input vector | partial sums | row outputs], or the ATTN
+        scratch (rotated q + per-warp partials) which reuses the same bytes. Layout: runtime.Monokernel.layout."""
+        dm = self.dims
+        vec = max(dm.d, dm.q_dim, dm.ffn)
+        out = max(r * (2 if op == "GATEUP" else 1) for op, r in self.rows.items())
+        attn = isa.MAX_GROUP * dm.head_dim + isa.NWARPS * dm.group * (dm.head_dim + 2)
+        return 4 * max(vec + isa.SMEM_RED_FLOATS + out, attn)
+
+
+def items_per_row(k: int) -> int:
+    """Matvec work items per output row: one item = 32 lanes x MV_UNROLL 16-byte chunks (8 bf16 each)."""
+    return math.ceil(k / 8 / (32 * isa.MV_UNROLL))
+
+
+def _rows_per_instr(m: int, k: int, n_sm: int, mult: int) -> int:
+    r = math.ceil(m / n_sm)
+    while r > 1 and r * mult * items_per_row(k) > isa.SMEM_RED_FLOATS:
+        r = math.ceil(r / 2)
+    return r
+
+
+def build(dims: Dims, n_sm: int, n_splits: int | None = None) -> Schedule:
+    if dims.d % 8 or dims.ffn % 8 or dims.q_dim % 8:
+        raise ValueError("hidden, ffn and q dims must be multiples of 8 (16-byte weight loads)")
+    if dims.n_heads % dims.n_kv:
+        raise ValueError("n_heads must be a multiple of n_kv_heads")
+    if dims.group > isa.MAX_GROUP:
+        raise ValueError(f"GQA group {dims.group} > {isa.MAX_GROUP}")
+    if n_splits is None:
+        n_splits = max(1, min(isa.MAX_SPLITS, n_sm // dims.n_kv))
+    n_splits = min(n_splits, isa.MAX_SPLITS)
+    qkv_m = dims.q_dim + 2 * dims.kv_dim
+    shapes = {"QKV": (qkv_m, dims.d, 1), "OPROJ": (dims.d, dims.q_dim, 1), "GATEUP": (dims.ffn, dims.d, 2),
+              "DOWN": (dims.d, dims.ffn, 1), "LMHEAD": (dims.vocab, dims.d, 1)}
+    rows = {k: _rows_per_instr(m, kk, n_sm, mult) for k, (m, kk, mult) in shapes.items()}
+    counts = {k: math.ceil(shapes[k][0] / rows[k]) for k in shapes}
+    counts["ATTN"] = dims.n_kv * n_splits
+    L = dims.n_layers
+    sched = Schedule(dims=dims, n_sm=n_sm, n_splits=n_splits, rows=rows, counts=counts,
+                     per_sm=[[] for _ in range(n_sm)], n_counters=isa.n_counters(L, dims.n_kv))
+    cursor = 0
+
+    def emit(instrs):
+        nonlocal cursor
+        for ins in instrs:
+            sched.per_sm[cursor % n_sm].append(tuple(int(v) for v in ins))
+            cursor += 1
+
+    def matvec(op, layer, wait_ctr, wait_n, sig_ctr):
+        m, r = shapes[op][0], rows[op]
+        out = []
+        for i, r0 in enumerate(range(0, m, r)):
+            aux = i if op == "LMHEAD" else 0
+            out.append((isa.OPS[op], layer, r0, min(r, m - r0), wait_ctr, wait_n, sig_ctr, aux))
+        return out
+
+    ci = isa.counter_index
+    tok = isa.token_counter(L)
+    for layer in range(L):
+        if layer == 0:
+            w_ctr, w_n = tok, 1
+        else:
+            w_ctr, w_n = ci(layer - 1, isa.CTR_DOWN), counts["DOWN"]
+        emit(matvec("QKV", layer, w_ctr, w_n, ci(layer, isa.CTR_QKV)))
+        emit([(isa.OPS["ATTN"], layer, h, s, ci(layer, isa.CTR_QKV), counts["QKV"],
+               isa.attn_ticket(L, dims.n_kv, layer, h), ci(layer, isa.CTR_ATTN_DONE))
+              for s in range(n_splits) for h in range(dims.n_kv)])
+        emit(matvec("OPROJ", layer, ci(layer, isa.CTR_ATTN_DONE), dims.n_kv, ci(layer, isa.CTR_OPROJ)))
+        emit(matvec("GATEUP", layer, ci(layer, isa.CTR_OPROJ), counts["OPROJ"], ci(layer, isa.CTR_GATEUP)))
+        emit(matvec("DOWN", layer, ci(layer, isa.CTR_GATEUP), counts["GATEUP"], ci(layer, isa.CTR_DOWN)))
+    emit(matvec("LMHEAD", 0, ci(L - 1, isa.CTR_DOWN), counts["DOWN"], isa.lm_counter(L)))
+    # The sampler bumps TOKEN once the next token's embedding is in x.
+    sched.per_sm[0].append((isa.OPS["SAMPLE"], 0, 0, 0, isa.lm_counter(L), counts["LMHEAD"], tok, 0))
+    return sched
+
+
+def check(sched: Schedule) -> None:
+    """Static checks: rows covered exactly once per stage, waits match the number of signallers per step,
+    every SM's list is in global stage order (no deadlock with all CTAs resident)."""
+    dm = sched.dims
+    L = dm.n_layers
+    op_name = {v: k for k, v in isa.OPS.items()}
+    order = {}  # (layer, op) -> global rank
+    rank = 0
+    for layer in range(L):
+        for op in ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN"):
+            order[(layer, isa.OPS[op])] = rank
+            rank += 1
+    order[(0, isa.OPS["LMHEAD"])] = rank
+    order[(0, isa.OPS["SAMPLE"])] = rank + 1
+    signallers: dict[int, int] = {}
+    covered: dict[tuple[int, int], np.ndarray] = {}
+    sizes = {"QKV": dm.q_dim + 2 * dm.kv_dim, "OPROJ": dm.d, "GATEUP": dm.ffn, "DOWN": dm.d, "LMHEAD": dm.vocab,
+             "ATTN": dm.n_kv * sched.n_splits}
+    for lst in sched.per_sm:
+        last = -1
+        for ins in lst:
+            op, layer, a0, a1, wc, wn, sc, aux = ins
+            r = order[(layer, op)]
+            assert r >= last, f"SM list out of global order at {ins}"
+            last = r
+            name = op_name[op]
+            cov = covered.setdefault((layer, op), np.zeros(sizes.get(name, 1), dtype=np.int64))
+            if name == "ATTN":
+                cov[a0 * sched.n_splits + a1] += 1
+                signallers[aux] = signallers.get(aux, 0) + (1 if a1 == 0 else 0)  # one combine per head
+            elif name == "SAMPLE":
+                cov[0] += 1
+                signallers[sc] = signallers.get(sc, 0) + 1
+            else:
+                cov[a0:a0 + a1] += 1
+                signallers[sc] = signallers.get(sc, 0) + 1
+    for key, cov in covered.items():
+        assert (cov == 1).all(), f"stage {key} rows not covered exactly once"
+    assert len(covered) == 5 * L + 2, "missing stages"
+    for lst in sched.per_sm:
+        for ins in lst:
+            op, layer, a0, a1, wc, wn, sc, aux = ins
+            if wc == isa.token_counter(L):
+                assert wn == 1
+            else:
+                assert signallers.get(wc) == wn, f"{ins}: waits for {wn} signals, {signallers.get(wc)} exist"

@@ -1,0 +1,292 @@
+"""CPU twin of the monokernel: runs the same per-SM instruction lists with torch (fp32) at the kernel's
+granularity, including the dependency counters.
+
+The SMs are interleaved in a random (seeded) order: at every tick one SM whose next instruction's wait is
+satisfied runs that instruction. Independently of the counters, every buffer element carries a tag naming the
+(step, layer, stage) that wrote it, and each instruction asserts that everything it reads carries exactly the
+tag it expects. A wait target that is too low (read-after-write) or a stage that overwrites data still being
+read (write-after-read) therefore fails loudly here, whatever the counters say.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import isa
+from .sampling_rng import gumbel
+from .schedule import Schedule
+
+EMBED = 0   # pseudo-stage tag for the embedding written by the prologue / SAMPLE
+
+
+class ScheduleError(AssertionError):
+    pass
+
+
+def _tag(step: int, layer: int, op: int) -> int:
+    return (step * 1024 + layer + 1) * 16 + op
+
+
+@dataclass
+class TwinResult:
+    tokens: list[int]           # sampled tokens, one per finished step (stop id included)
+    logits: torch.Tensor        # [steps_run, V] fp32
+    steps_run: int
+    finish: str                 # "length" | "stop" | "cancelled"
+    instructions_run: int
+
+
+class Twin:
+    """model: engine.model.Model (fp32 weights, any device; the twin computes on CPU)."""
+
+    def __init__(self, model, sched: Schedule, inv_freq: torch.Tensor):
+        self.m, self.s = model, sched
+        self.dm = sched.dims
+        self.inv_freq = inv_freq.float().cpu()   # [hd/2]
+        self.layers = model.layers
+
+    # ---- helpers ----
+    def _expect(self, tags: np.ndarray, want: int, what: str, ins) -> None:
+        if not (tags == want).all():
+            bad = np.flatnonzero(tags != want)
+            raise ScheduleError(f"{ins}: {what}[{bad[0]}] has tag {tags[bad[0]]}, expected {want}")
+
+    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean() + self.dm.eps) * w.float()
+
+    def _rope(self, v: torch.Tensor, pos: int) -> torch.Tensor:
+        """v: [..., hd] rotated at `pos` (HF rotate_half pairs i, i + hd/2)."""
+        ang = torch.tensor(float(pos), dtype=torch.float32) * self.inv_freq
+        c, s = torch.cat([ang.cos()] * 2), torch.cat([ang.sin()] * 2)
+        half = v.shape[-1] // 2
+        rot = torch.cat([-v[..., half:], v[..., :half]], dim=-1)
+        return v * c + rot * s
+
+    # ---- run ----
+    def run(self, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int, token: int, pos0: int, n_steps: int,
+            temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, stop_ids=(), forced=None,
+            cancel_at_step: int | None = None, order_seed: int = 0, valid_len: int | None = None,
+            capture: dict | None = None) -> TwinResult:
+        """k_cache/v_cache: [S, L, kvh, max_len, hd] (fp32, updated in place). forced: tokens fed at steps 1..
+        (teacher forcing; forced[s] is the input of step s, forced[0] unused). valid_len: positions < valid_len
+        hold prefilled KV (default pos0). capture: filled with the final scratch buffers (x, qkv, attn, h)."""
+        dm, sc = self.dm, self.s
+        L, g, hd, S = dm.n_layers, dm.group, dm.head_dim, sc.n_splits
+        qd, kvd = dm.q_dim, dm.kv_dim
+        valid_len = pos0 if valid_len is None else valid_len
+        m = self.m
+        x = torch.zeros(dm.d)
+        qkv = torch.zeros(qd + 2 * kvd)
+        attn = torch.zeros(qd)
+        h = torch.zeros(dm.ffn)
+        part = torch.zeros(dm.n_kv, S, g, hd + 2)
+        logits = torch.zeros(dm.vocab)
+        recs: dict[int, dict] = {}
+        tags = {n: np.full(sz, -1, dtype=np.int64) for n, sz in
+                (("x", dm.d), ("qkv", qd + 2 * kvd), ("attn", qd), ("h", dm.ffn), ("part", dm.n_kv * S),
+                 ("logits", dm.vocab), ("rec", sc.n_lm))}
+        kv_tag = np.full((L, dm.n_kv, k_cache.shape[3]), -1, dtype=np.int64)
+        kv_tag[:, :, :valid_len] = -2   # prefilled
+        ctr = np.zeros(sc.n_counters, dtype=np.int64)
+        tok_ctr = isa.token_counter(L)
+        out_tokens: list[int] = []
+        out_logits: list[torch.Tensor] = []
+        state = {"stop": False, "finish": "length", "token": token}
+
+        def embed(tok, step):
+            x.copy_(m.embed[tok].float().cpu())
+            tags["x"][:] = _tag(step, -1, EMBED)
+
+        embed(token, 0)
+        ctr[tok_ctr] += 1
+        rng = random.Random(order_seed)
+        ptr = [0] * sc.n_sm
+        step_of = [0] * sc.n_sm
+        done = [False] * sc.n_sm
+        n_run = 0
+
+        def runnable(i):
+            if done[i]:
+                return False
+            s = step_of[i]
+            if ptr[i] == 0 and ctr[tok_ctr] < s + 1:
+                return False
+            lst = sc.per_sm[i]
+            if not lst:
+                return True
+            wc, wn = lst[ptr[i]][4], lst[ptr[i]][5]
+            return ctr[wc] >= (s + 1) * wn
+
+        while not all(done):
+            ready = [i for i in range(sc.n_sm) if runnable(i)]
+            if not ready:
+                raise ScheduleError(f"deadlock: no SM can run (ptr={ptr}, steps={step_of})")
+            i = rng.choice(ready)
+            s = step_of[i]
+            if ptr[i] == 0 and state["stop"] and state["stop_step"] < s:
+                done[i] = True      # the sampler of an earlier step stopped the loop
+                continue
+            lst = sc.per_sm[i]
+            if lst:
+                self._exec(lst[ptr[i]], s, pos0 + s, locals())
+                n_run += 1
+                ptr[i] += 1
+            if not lst or ptr[i] == len(lst):
+                ptr[i] = 0
+                step_of[i] += 1
+                done[i] = step_of[i] >= n_steps
+        if capture is not None:
+            capture.update(x=x, qkv=qkv, attn=attn, h=h)
+        return TwinResult(tokens=out_tokens, logits=torch.stack(out_logits) if out_logits else torch.zeros(0, dm.vocab),
+                          steps_run=len(out_logits), finish=state["finish"], instructions_run=n_run)
+
+    def _exec(self, ins, step, pos, env) -> None:
+        op, layer, a0, a1, wc, wn, sig, aux = ins
+        dm, sc, m = self.dm, self.s, self.m
+        x, qkv, attn, h, part, logits = (env[k] for k in ("x", "qkv", "attn", "h", "part", "logits"))
+        tags, ctr, kv_tag = env["tags"], env["ctr"], env["kv_tag"]
+        k_cache, v_cache, slot = env["k_cache"], env["v_cache"], env["slot"]
+        L, g, hd, S = dm.n_layers, dm.group, dm.head_dim, sc.n_splits
+        qd, kvd = dm.q_dim, dm.kv_dim
+        x_in = _tag(step, layer - 1, isa.OPS["DOWN"]) if layer > 0 else _tag(step, -1, EMBED)
+        name = {v: k for k, v in isa.OPS.items()}[op]
+        if name == "QKV":
+            self._expect(tags["x"], x_in, "x", ins)
+            w = self.layers[layer]
+            xn = self._norm(x, w.ln1.cpu())
+            r = slice(a0, a0 + a1)
+            y = w.wqkv[r].float().cpu() @ xn
+            if w.bqkv is not None:
+                y = y + w.bqkv[r].float().cpu()
+            qkv[r] = y
+            tags["qkv"][r] = _tag(step, layer, op)
+        elif name == "ATTN":
+            head, split = a0, a1
+            want = _tag(step, layer, isa.OPS["QKV"])
+            qs = slice(head * g * hd, (head + 1) * g * hd)
+            ks = slice(qd + head * hd, qd + (head + 1) * hd)
+            vs = slice(qd + kvd + head * hd, qd + kvd + (head + 1) * hd)
+            for sl, nm in ((qs, "q"), (ks, "k"), (vs, "v")):
+                self._expect(tags["qkv"][sl], want, nm, ins)
+            n = pos + 1
+            p0, p1 = split * n // S, (split + 1) * n // S
+            if split == S - 1:   # the split holding pos appends this step's K/V
+                k_cache[slot, layer, head, pos] = self._rope(qkv[ks].clone(), pos)
+                v_cache[slot, layer, head, pos] = qkv[vs]
+                kv_tag[layer, head, pos] = _tag(step, layer, op)
+            for p in range(p0, p1):
+                t = kv_tag[layer, head, p]
+                ok = t == -2 if p < env["valid_len"] else t == _tag(p - env["pos0"], layer, op)
+                if not ok:
+                    raise ScheduleError(f"{ins}: KV at pos {p} has tag {t}")
+            q = self._rope(qkv[qs].view(g, hd).clone(), pos)
+            pr = part[head, split]
+            if p1 > p0:
+                kk = k_cache[slot, layer, head, p0:p1].float()
+                vv = v_cache[slot, layer, head, p0:p1].float()
+                sc_ = (q @ kk.T) * (hd ** -0.5)                    # [g, n]
+                mx = sc_.max(dim=1).values
+                e = torch.exp(sc_ - mx[:, None])
+                pr[:, 0], pr[:, 1], pr[:, 2:] = mx, e.sum(1), e @ vv
+            else:
+                pr[:, 0], pr[:, 1], pr[:, 2:] = float("-inf"), 0.0, 0.0
+            tags["part"][head * S + split] = _tag(step, layer, op)
+            ctr[sig] += 1
+            if ctr[sig] == (step + 1) * S:   # last split of this head to finish: combine
+                self._expect(tags["part"][head * S:(head + 1) * S], _tag(step, layer, op), "part", ins)
+                mx = part[head, :, :, 0].max(dim=0).values        # [g]
+                wgt = torch.exp(part[head, :, :, 0] - mx)          # [S, g]
+                num = (wgt[:, :, None] * part[head, :, :, 2:]).sum(0)
+                den = (wgt * part[head, :, :, 1]).sum(0)
+                attn[head * g * hd:(head + 1) * g * hd] = (num / den[:, None]).reshape(-1)
+                tags["attn"][head * g * hd:(head + 1) * g * hd] = _tag(step, layer, op)
+                ctr[aux] += 1
+            return
+        elif name == "OPROJ":
+            self._expect(tags["attn"], _tag(step, layer, isa.OPS["ATTN"]), "attn", ins)
+            r = slice(a0, a0 + a1)
+            self._expect(tags["x"][r], x_in, "x rows", ins)
+            x[r] += self.layers[layer].wo[r].float().cpu() @ attn
+            tags["x"][r] = _tag(step, layer, op)
+        elif name == "GATEUP":
+            self._expect(tags["x"], _tag(step, layer, isa.OPS["OPROJ"]), "x", ins)
+            w = self.layers[layer]
+            xn = self._norm(x, w.ln2.cpu())
+            f = dm.ffn
+            gt = w.wgu[a0:a0 + a1].float().cpu() @ xn
+            up = w.wgu[f + a0:f + a0 + a1].float().cpu() @ xn
+            h[a0:a0 + a1] = F.silu(gt) * up
+            tags["h"][a0:a0 + a1] = _tag(step, layer, op)
+        elif name == "DOWN":
+            self._expect(tags["h"], _tag(step, layer, isa.OPS["GATEUP"]), "h", ins)
+            r = slice(a0, a0 + a1)
+            self._expect(tags["x"][r], _tag(step, layer, isa.OPS["OPROJ"]), "x rows", ins)
+            x[r] += self.layers[layer].wd[r].float().cpu() @ h
+            tags["x"][r] = _tag(step, layer, op)
+        elif name == "LMHEAD":
+            self._expect(tags["x"], _tag(step, L - 1, isa.OPS["DOWN"]), "x", ins)
+            xn = self._norm(x, m.norm.cpu())
+            r = slice(a0, a0 + a1)
+            lg = m.lm_head[r].float().cpu() @ xn
+            logits[r] = lg
+            tags["logits"][r] = _tag(step, 0, op)
+            env["recs"][aux] = self._record(lg, a0, step, env)
+            tags["rec"][aux] = _tag(step, 0, op)
+        elif name == "SAMPLE":
+            self._expect(tags["rec"], _tag(step, 0, isa.OPS["LMHEAD"]), "records", ins)
+            self._expect(tags["logits"], _tag(step, 0, isa.OPS["LMHEAD"]), "logits", ins)
+            self._sample(step, env)
+        ctr[sig] += 1
+
+    def _record(self, lg: torch.Tensor, row0: int, step: int, env) -> dict:
+        T, seed = env["temperature"], env["seed"]
+        ids = np.arange(row0, row0 + lg.shape[0])
+        rec = {"max": float(lg.max()), "arg": row0 + int(torch.argmax(lg))}
+        if T > 0:
+            sl = lg / T
+            rec["sumexp"] = float(torch.exp(sl - sl.max()).sum())
+            gs = sl + torch.from_numpy(gumbel(seed, step, ids))
+            rec["gbest"], rec["gid"] = float(gs.max()), row0 + int(torch.argmax(gs))
+            k = min(isa.TOPK, lg.shape[0])
+            tv, ti = torch.topk(lg, k)
+            rec["topv"], rec["topi"] = tv.tolist(), (ti + row0).tolist()
+        return rec
+
+    def _sample(self, step: int, env) -> None:
+        recs = [env["recs"][i] for i in range(self.s.n_lm)]
+        T, top_p, seed = env["temperature"], env["top_p"], env["seed"]
+        env["out_logits"].append(env["logits"].clone())
+        state = env["state"]
+        if env["cancel_at_step"] is not None and step >= env["cancel_at_step"]:
+            # The host's cancel flag is read once per token: no token is emitted and the loop ends at the
+            # next step start (TOKEN is still bumped by the caller so every CTA wakes up and sees the flag).
+            state.update(stop=True, stop_step=step, finish="cancelled")
+            return
+        if T <= 0:
+            best = max(range(len(recs)), key=lambda i: (recs[i]["max"], -i))
+            tok = recs[best]["arg"]
+        elif top_p >= 1.0:
+            best = max(range(len(recs)), key=lambda i: (recs[i]["gbest"], -i))
+            tok = recs[best]["gid"]
+        else:
+            M = max(r["max"] for r in recs)
+            Z = sum(r["sumexp"] * np.exp((r["max"] - M) / T) for r in recs)
+            cand = [(v, i) for r in recs for v, i in zip(r["topv"], r["topi"])]
+            p = np.array([np.exp((v - M) / T) / Z for v, _ in cand], dtype=np.float64)
+            ids = np.array([i for _, i in cand])
+            before = np.array([p[(p > p[j]) | ((p == p[j]) & (ids < ids[j]))].sum() for j in range(len(cand))])
+            keep = before < top_p
+            score = np.where(keep, np.log(p) + gumbel(seed, step, ids), -np.inf)
+            tok = int(ids[int(np.argmax(score))])
+        env["out_tokens"].append(tok)
+        if tok in env["stop_ids"]:
+            state.update(stop=True, stop_step=step, finish="stop")
+        nxt = tok
+        forced = env["forced"]
+        if forced is not None and step + 1 < len(forced):
+            nxt = int(forced[step + 1])
+        env["embed"](nxt, step + 1)

@@ -1,0 +1,138 @@
+"""The CPU twin runs the kernel's instruction lists (with the dependency counters, in random SM order) and must
+equal the reference model; its data tags must catch a schedule whose waits are too weak."""
+import numpy as np
+import pytest
+import torch
+
+from engine.model import rope_inv_freq
+from engine.sampling import SamplingParams, sample
+from kernels import isa, schedule
+from kernels.sampling_rng import gumbel, mix_uniform
+from kernels.twin import ScheduleError, Twin
+from kernels.testing import fresh_cache, tiny_cfg, tiny_model
+
+SHAPES = {
+    "qwen2-gqa2": dict(arch="qwen2"),
+    "llama-gqa4-llama3rope": dict(arch="llama", n_heads=8, n_kv_heads=2, head_dim=8, rope_theta=500000.0,
+                                  rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                                "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+    "qwen2-gqa3-hd32": dict(arch="qwen2", n_heads=6, n_kv_heads=2, head_dim=32, hidden_size=96),
+    "llama-mha-untied": dict(arch="llama", n_heads=4, n_kv_heads=4, tie_word_embeddings=False),
+}
+
+
+def _prefill(model, cfg, ids, slots=2):
+    k, v = fresh_cache(cfg, slots=slots)
+    model.forward(k, v, 1, torch.tensor(ids), 0)
+    return k, v
+
+
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("n_sm", [5, 16])
+def test_teacher_forced_logits_equal_reference(shape, n_sm):
+    cfg = tiny_cfg(**SHAPES[shape])
+    model = tiny_model(cfg, seed=hash(shape) % 1000)
+    g = torch.Generator().manual_seed(n_sm)
+    ids = torch.randint(0, cfg.vocab_size, (14,), generator=g).tolist()
+    prompt, forced = ids[:9], ids[9:]
+    k_ref, v_ref = _prefill(model, cfg, prompt)
+    k_tw, v_tw = k_ref.clone(), v_ref.clone()
+    ref = torch.stack([model.forward(k_ref, v_ref, 1, torch.tensor([t]), len(prompt) + j)
+                       for j, t in enumerate(forced)])
+    sched = schedule.build(schedule.Dims.of(cfg), n_sm=n_sm)
+    schedule.check(sched)
+    res = Twin(model, sched, rope_inv_freq(cfg)).run(k_tw, v_tw, 1, forced[0], len(prompt), len(forced),
+                                                      forced=forced, order_seed=n_sm)
+    assert res.steps_run == len(forced) and res.finish == "length"
+    for s in range(len(forced)):
+        err = ((res.logits[s] - ref[s]).norm() / ref[s].norm()).item()
+        assert err < 1e-4, (s, err)
+    end = len(prompt) + len(forced)
+    assert torch.allclose(k_tw[1, :, :, :end], k_ref[1, :, :, :end], atol=1e-5)
+    assert torch.allclose(v_tw[1, :, :, :end], v_ref[1, :, :, :end], atol=1e-5)
+    assert torch.isnan(k_tw[1, :, :, end:]).all(), "twin wrote KV beyond the last step"
+    assert torch.isnan(k_tw[0]).all(), "twin touched another slot"
+
+
+def test_greedy_loop_equals_reference_and_order_does_not_matter(qwen_tiny):
+    cfg, model = qwen_tiny
+    prompt = [3, 17, 42, 9, 100, 7]
+    k_ref, v_ref = _prefill(model, cfg, prompt)
+    want, tok = [], prompt[-1]
+    # reference loop: the last prompt token is fed again at its position (its KV is rewritten identically)
+    k_w, v_w = k_ref.clone(), v_ref.clone()
+    for j in range(8):
+        logits = model.forward(k_w, v_w, 1, torch.tensor([tok]), len(prompt) - 1 + j)
+        tok = sample(logits, SamplingParams())
+        want.append(tok)
+    sched = schedule.build(schedule.Dims.of(cfg), n_sm=7)
+    twin = Twin(model, sched, rope_inv_freq(cfg))
+    runs = []
+    for order in range(3):
+        k, v = k_ref.clone(), v_ref.clone()
+        r = twin.run(k, v, 1, prompt[-1], len(prompt) - 1, 8, order_seed=order, valid_len=len(prompt) - 1)
+        runs.append(r)
+    assert runs[0].tokens == want
+    for r in runs[1:]:
+        assert r.tokens == runs[0].tokens and torch.equal(r.logits, runs[0].logits)
+
+
+def test_stop_id_and_cancel(qwen_tiny):
+    cfg, model = qwen_tiny
+    prompt = [5, 6, 7, 8]
+    k0, v0 = _prefill(model, cfg, prompt)
+    sched = schedule.build(schedule.Dims.of(cfg), n_sm=6)
+    twin = Twin(model, sched, rope_inv_freq(cfg))
+    free = twin.run(k0.clone(), v0.clone(), 1, 8, 4, 6)
+    assert free.finish == "length" and len(free.tokens) == 6
+    stop = free.tokens[2]
+    first = free.tokens.index(stop)
+    r = twin.run(k0.clone(), v0.clone(), 1, 8, 4, 6, stop_ids={stop})
+    assert r.finish == "stop" and r.tokens == free.tokens[:first + 1]
+    c = twin.run(k0.clone(), v0.clone(), 1, 8, 4, 6, cancel_at_step=3)
+    assert c.finish == "cancelled" and c.tokens == free.tokens[:3]
+
+
+def test_weakened_wait_is_caught():
+    """Lower one OPROJ wait so it may run before attention is combined: the tags must notice."""
+    cfg = tiny_cfg()
+    model = tiny_model(cfg)
+    k, v = _prefill(model, cfg, [1, 2, 3])
+    sched = schedule.build(schedule.Dims.of(cfg), n_sm=8)
+    for lst in sched.per_sm:
+        for i, ins in enumerate(lst):
+            if ins[0] == isa.OPS["OPROJ"]:
+                lst[i] = ins[:4] + (isa.counter_index(ins[1], isa.CTR_QKV), 1) + ins[6:]
+    twin = Twin(model, sched, rope_inv_freq(cfg))
+    with pytest.raises(ScheduleError):
+        for order in range(6):
+            twin.run(k.clone(), v.clone(), 1, 3, 3, 3, order_seed=order)
+
+
+def test_temperature_sampling_is_seeded_and_top_p_stays_in_nucleus(qwen_tiny):
+    cfg, model = qwen_tiny
+    k0, v0 = _prefill(model, cfg, [4, 5, 6])
+    sched = schedule.build(schedule.Dims.of(cfg), n_sm=5)
+    twin = Twin(model, sched, rope_inv_freq(cfg))
+    a = twin.run(k0.clone(), v0.clone(), 1, 6, 3, 5, temperature=0.8, seed=11)
+    b = twin.run(k0.clone(), v0.clone(), 1, 6, 3, 5, temperature=0.8, seed=11, order_seed=9)
+    assert a.tokens == b.tokens
+    for T, top_p in ((1.0, 0.5), (0.7, 0.9)):
+        r = twin.run(k0.clone(), v0.clone(), 1, 6, 3, 5, temperature=T, top_p=top_p, seed=3)
+        for s, tok in enumerate(r.tokens):
+            p = torch.softmax(r.logits[s].double() / T, -1)
+            sp, si = torch.sort(p, descending=True)
+            nucleus = set(si[(torch.cumsum(sp, 0) - sp) < top_p].tolist())
+            assert tok in nucleus
+
+
+def test_gumbel_max_matches_softmax_frequencies():
+    logits = np.array([2.0, 1.0, 0.0, -1.0], dtype=np.float32)
+    T = 0.7
+    counts = np.zeros(4)
+    for step in range(4000):
+        counts[np.argmax(logits / T + gumbel(123, step, np.arange(4)))] += 1
+    p = np.exp(logits / T) / np.exp(logits / T).sum()
+    assert np.abs(counts / counts.sum() - p).max() < 0.03
+    u = mix_uniform(5, 1, np.arange(100000))
+    assert 0 < u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.01
