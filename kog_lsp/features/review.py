@@ -24,6 +24,8 @@ log = logging.getLogger(__name__)
 
 REVIEW_WINDOW_TOKENS = 2048  # per engine.score call (capped by the engine's max_seq_len)
 REVIEW_CONTEXT_TOKENS = 256  # tokens a later window sees before the ones it scores
+REVIEW_MAX_CHARS = 1_000_000  # larger documents (logs, data, generated code) are not reviewed: scoring them
+                              # would keep the engine busy for minutes for findings nobody reads
 CPU_SCORE_STEP = 64  # on a CPU, score in growing prefixes of 64 tokens: the most a completion waits for
 PULL_WAIT_S = 30.0  # a pull request waits this long for the running review before answering with what exists
 LOAD_POLL_S = 0.25
@@ -36,7 +38,7 @@ class ReviewService:
         self._tasks: dict[str, asyncio.Task] = {}  # uri -> debounce+review task (newest wins)
         self._results: dict[str, tuple[int | None, list[types.Diagnostic]]] = {}  # uri -> (version, diagnostics)
         self._updated: dict[str, asyncio.Event] = {}
-        self.counters = {"reviews": 0, "cancelled": 0, "failed": 0, "findings": 0, "last_ms": None}
+        self.counters = {"reviews": 0, "cancelled": 0, "failed": 0, "skipped_large": 0, "findings": 0, "last_ms": None}
 
     # ---- client capabilities ----
     def _pull_client(self) -> bool:
@@ -101,6 +103,11 @@ class ReviewService:
             return
         text, version, encoding = doc.source, doc.version, doc.encoding
         language = language_of(uri, getattr(doc, "language_id", None))
+        if len(text) > REVIEW_MAX_CHARS:
+            log.info("review of %s skipped: %d characters (limit %d)", uri, len(text), REVIEW_MAX_CHARS)
+            self.counters["skipped_large"] += 1
+            self._results[uri] = (version, [])
+            return
 
         def work(engine, cancel):
             if self.scorer is None:
@@ -123,6 +130,7 @@ class ReviewService:
         except Exception:
             self.counters["failed"] += 1
             log.exception("review of %s (version %s) failed", uri, version)
+            self._results[uri] = (version, [])   # settled: a pull must not reschedule the same failure forever
             return
         self.counters["reviews"] += 1
         self.counters["last_ms"] = round((time.perf_counter() - t0) * 1000.0, 1)
