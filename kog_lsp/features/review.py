@@ -54,7 +54,6 @@ class ReviewService:
     def on_change(self, uri: str) -> None:
         """didOpen / didChange (event loop thread): debounce, then review the newest version."""
         opts = ReviewOptions.from_settings(self.ls.settings)
-        self._sweep_closed()
         old = self._tasks.pop(uri, None)
         if old is not None:
             old.cancel()  # the job it submitted is replaced by the next submit with the same key
@@ -63,11 +62,6 @@ class ReviewService:
             self.clear(uri)
             return
         self._tasks[uri] = asyncio.ensure_future(self._debounced(uri, opts))
-
-    def _sweep_closed(self) -> None:
-        """Withdraw the findings of documents closed since (the server has no didClose listener hook)."""
-        for uri in [u for u in self._results if self.ls.workspace.open_document(u) is None]:
-            self.clear(uri)
 
     def clear(self, uri: str) -> None:
         """Forget a document's findings (closed, or review disabled) and withdraw them from the client."""
@@ -193,9 +187,8 @@ class ReviewService:
                 return types.RelatedFullDocumentDiagnosticReport(items=[])
 
 
-# Review keys of the `kog` settings section (docs/interfaces.md). kog_lsp/settings.py validates the shared keys;
-# until it lists these, register() adds them (validator + default) so initializationOptions and
-# didChangeConfiguration accept them. Keys settings.py already knows are left alone.
+# Review keys of the `kog` settings section (docs/interfaces.md), added through settings.register_setting so
+# initializationOptions and didChangeConfiguration accept them. Keys settings.py already knows are left alone.
 def _review_setting_specs():
     from kog_lsp import settings as st
 
@@ -210,16 +203,10 @@ def _review_setting_specs():
 
 def install_review_settings(settings) -> list[str]:
     """Make `settings` (kog_lsp.settings.Settings) accept the review keys; returns the keys added."""
-    from kog_lsp import settings as st
+    from kog_lsp.settings import register_setting
 
-    added = []
-    for key, (attr, check, default) in _review_setting_specs().items():
-        if key not in st._VALIDATORS:
-            st._VALIDATORS[key] = (attr, check)
-            added.append(key)
-        if not hasattr(settings, attr):
-            setattr(settings, attr, default)
-    return added
+    return [key for key, (attr, check, default) in _review_setting_specs().items()
+            if register_setting(settings, key, attr, check, default)]
 
 
 def register(ls) -> None:
@@ -229,6 +216,7 @@ def register(ls) -> None:
     svc = ReviewService(ls)
     ls.review = svc  # tests and kog/stats can read svc.counters
     ls.on_document_change(svc.on_change)
+    ls.on_document_close(svc.clear)
 
     @ls.feature(types.TEXT_DOCUMENT_DIAGNOSTIC,
                 types.DiagnosticOptions(identifier="kog", inter_file_dependencies=False, workspace_diagnostics=False))

@@ -144,6 +144,15 @@ async def test_push_diagnostic_for_injected_bug_and_quick_fix(client):
     await _diagnostics(client, URI, lambda d: len(d) == 0)
 
 
+async def test_closing_a_document_withdraws_its_findings(client):
+    other = "file:///work/closed.py"
+    _open(client, BUGGY, uri=other)
+    await _diagnostics(client, other, lambda d: len(d) > 0)
+    client.text_document_did_close(types.DidCloseTextDocumentParams(
+        text_document=types.TextDocumentIdentifier(uri=other)))
+    await _diagnostics(client, other, lambda d: len(d) == 0, timeout=10.0)
+
+
 async def test_clean_code_has_no_findings_and_review_can_be_disabled(oracle_dir):
     c = await _start(oracle_dir, options={"reviewSeverity": "warning"})
     try:
