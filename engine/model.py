@@ -19,22 +19,26 @@ import torch.nn.functional as F
 from .config import ModelConfig
 
 
+def llama3_scaled(inv: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
+                  original_max_position_embeddings: int) -> torch.Tensor:
+    """Llama-3.1-style RoPE rescaling of inverse frequencies inv [hd/2]: long wavelengths (beyond the original
+    context / low_freq_factor) are slowed down by `factor`, short ones (below original / high_freq_factor) are
+    kept, the band between is interpolated."""
+    lo, hi, orig = low_freq_factor, high_freq_factor, original_max_position_embeddings
+    wavelen = 2 * math.pi / inv
+    smooth = (orig / wavelen - lo) / (hi - lo)
+    mid = (1 - smooth) * inv / factor + smooth * inv
+    return torch.where(wavelen > orig / lo, inv / factor, torch.where(wavelen < orig / hi, inv, mid))
+
+
 def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
     """[head_dim/2] fp32 inverse frequencies, with llama3-style scaling when configured."""
     hd = cfg.head_dim
     inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
     sc = cfg.rope_scaling
     if sc and sc.get("rope_type") == "llama3":
-        # Long wavelengths (beyond the original context / low_freq_factor) are slowed down by `factor`,
-        # short ones (below original / high_freq_factor) are kept, the band between is interpolated.
-        factor, lo, hi = sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"]
-        orig = sc["original_max_position_embeddings"]
-        wavelen = 2 * math.pi / inv
-        scaled = torch.where(wavelen > orig / lo, inv / factor, inv)
-        smooth = (orig / wavelen - lo) / (hi - lo)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = (wavelen >= orig / hi) & (wavelen <= orig / lo)
-        inv = torch.where(medium, smoothed, scaled)
+        inv = llama3_scaled(inv, sc["factor"], sc["low_freq_factor"], sc["high_freq_factor"],
+                            sc["original_max_position_embeddings"])
     return inv
 
 

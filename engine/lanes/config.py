@@ -21,7 +21,6 @@ vocab_size, num_lanes) are required: a missing one is an error rather than a sil
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from pathlib import Path
@@ -271,15 +270,11 @@ def _rope_scaling(d: Mapping[str, Any]) -> dict[str, float] | None:
 def rope_frequencies(cfg: LaneConfig):
     """fp32 [hd/2] frequencies freq_k = theta^(-2k/hd), rescaled Llama-3.1-style if configured."""
     import torch
+    from engine.model import llama3_scaled
     hd = cfg.head_dim
     freqs = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
     s = cfg.rope_scaling
     if s is None:
         return freqs
-    f, a, b, C = s["factor"], s["low_freq_factor"], s["high_freq_factor"], \
-        s["original_max_position_embeddings"]
-    wavelen = 2 * math.pi / freqs
-    t = ((C / wavelen) - a) / (b - a)
-    mid = (1 - t) * freqs / f + t * freqs
-    out = torch.where(wavelen > C / a, freqs / f, torch.where(wavelen < C / b, freqs, mid))
-    return out
+    return llama3_scaled(freqs, s["factor"], s["low_freq_factor"], s["high_freq_factor"],
+                         s["original_max_position_embeddings"])
