@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import importlib.util
 import json
 import math
@@ -40,6 +41,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from kog_lsp.stats import percentile as pct  # noqa: E402  (no pygls import: usable on the GPU machine)
 
 MANIFEST = REPO / "engine" / "models" / "default" / "corpus_manifest.json"
 GOAL_P50_MS = {"cpu": 150.0, "cuda": 30.0}
@@ -181,13 +184,6 @@ def apply_event(text: str, cursor: int, ev: dict) -> tuple[str, int]:
 # ---------------------------------------------------------------- measurement helpers
 
 
-def pct(xs, q):
-    xs = sorted(xs)
-    if not xs:
-        return None
-    return xs[max(0, min(len(xs) - 1, math.ceil(q / 100 * len(xs)) - 1))]
-
-
 def rss_mb(pid: int) -> float | None:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -226,9 +222,7 @@ async def replay_server(args, traces) -> dict:
     from kog_lsp import demo
 
     log_file = tempfile.NamedTemporaryFile(prefix="kog-editor-loop-", suffix=".log", delete=False).name
-    argv = demo.server_argv(args.model, args.device, args.backend, log_file)
-    if args.threads:
-        argv += ["--threads", str(args.threads)]
+    argv = demo.server_argv(args.model, args.device, args.backend, log_file, args.threads or None)
     settings = {"maxTokens": args.max_tokens, **json.loads(args.server_settings)}
     client, status, load_s = await demo.start_server(argv, settings, timeout=600)
     rows = []
@@ -294,19 +288,14 @@ def build_engine(args):
         import torch
 
         from engine.config import preset
-        from engine.model import Model
         from engine.tokenizer import Tokenizer
+        from kernels.testing import random_model
 
         cfg = preset(args.random_shape)
         dev = "cuda" if args.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu"
         dtype = torch.bfloat16 if dev == "cuda" else torch.float32
-        model = Model(cfg, device=dev, dtype=dtype, max_len=4096)
-        g = torch.Generator(device=dev).manual_seed(args.seed)
-        for name, t in model.params.items():  # random weights: latency does not depend on their values
-            if name.endswith("norm.weight"):
-                t.uniform_(0.8, 1.2, generator=g)
-            else:
-                t.normal_(0.0, 0.02, generator=g)
+        # Random weights: latency does not depend on their values.
+        model = random_model(cfg, device=dev, dtype=dtype, max_len=4096, seed=args.seed)
         tok = Tokenizer.from_dir(REPO / "engine" / "models" / "default")
         return eng.Engine(model, tok, kv_slots=4, backend=args.backend, name=f"random {args.random_shape}")
     return eng.Engine.load(model=args.model, device=args.device, backend=args.backend)
@@ -391,14 +380,14 @@ def replay_engine(args, traces) -> dict:
                 row.latencies_ms.append((time.perf_counter() - t_key) * 1000.0)
                 continue
             starts = line_starts(text)
-            ln = len([s for s in starts if s <= cursor]) - 1
+            ln = bisect.bisect_right(starts, cursor) - 1
             line_after = text[cursor: line_content_end(text, starts, ln)]
             policy = Policy.decide(args.multiline, text[starts[ln]:cursor], line_after)
             others = [(u, v, t) for u, (v, t) in docs.items()]
             context_ids = ctx.build(tok, others, uri, args.context_tokens, root)
             prompt = build_prompt(tok, text, cursor, prefix_tokens=args.prefix_tokens,
                                   suffix_tokens=args.suffix_tokens, context_ids=context_ids,
-                                  path=display_path(uri, root))
+                                  path=display_path(uri, root), starts=starts)  # as the server does
             stop_fn = None if fixed else make_stop_fn(policy)
             ids = prompt.ids
 

@@ -40,7 +40,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kog_lsp.review import ReviewOptions, WindowedScorer, score_document, special_ids, token_candidates  # noqa: E402
-from kog_lsp.textmap import SpanSet, python_binding_spans, token_char_spans  # noqa: E402
+from kog_lsp.textmap import SpanSet, python_binding_spans, token_char_spans, tokenize_line_starts  # noqa: E402
 
 S_GRID = [4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 16, 18, 20, 22, 24]
 P_GRID = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
@@ -149,19 +149,11 @@ class Site:
     new: str
 
 
-def _line_starts(text: str) -> list[int]:
-    starts = [0]
-    for k, c in enumerate(text):
-        if c == "\n":
-            starts.append(k + 1)
-    return starts
-
-
 def candidate_sites(text: str, rng: random.Random) -> list[Site]:
     """Bug sites: operators, small integer constants, and *uses* of names / attributes. Names being bound
     (def/class names, parameters, assignment and loop targets, imports) are left alone: giving a new name a
     different spelling is not a swapped identifier, and review deliberately does not check bindings."""
-    starts = _line_starts(text)
+    starts = tokenize_line_starts(text)
     bound = SpanSet(python_binding_spans(text))
     toks = [t for t in tokenize.generate_tokens(io.StringIO(text).readline)
             if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.COMMENT)]

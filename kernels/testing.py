@@ -15,9 +15,7 @@ def random_model(cfg, device="cuda", dtype=torch.bfloat16, max_len: int = 1024, 
     for name, t in m.params.items():
         if name.endswith("norm.weight"):
             t.uniform_(0.8, 1.2, generator=g)
-        elif name.endswith(".bias"):
-            t.normal_(0.0, std, generator=g)
-        else:
+        else:  # matrices and biases alike
             t.normal_(0.0, std, generator=g)
     return m
 

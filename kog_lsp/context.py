@@ -53,7 +53,10 @@ class ContextBuilder:
         if budget <= 0 or fim is None or fim.file_sep is None:
             return []
         current = unquote(current_uri)  # clients may quote the same URI differently across messages
-        others = sorted((d for d in documents if unquote(d[0]) != current and d[2].strip()), key=lambda d: d[0])
+        # `text and not text.isspace()` == `bool(text.strip())` without copying every open document on every
+        # keystroke (isspace stops at the first non-blank character).
+        others = sorted((d for d in documents if unquote(d[0]) != current and d[2] and not d[2].isspace()),
+                        key=lambda d: d[0])
         if not others:
             return []
         out: list[int] = []

@@ -78,6 +78,9 @@ class Editor:
 
     def __init__(self, client: LspProcess, uri: str, text: str, out, result: ReplayResult):
         self.client, self.uri, self.text, self.out, self.r = client, uri, text, out, result
+        # Line starts of self.text, updated per edit: positions are computed inside the timed window of every
+        # request, so they must not rescan the whole file (edit() is the only writer of self.text).
+        self._starts = positions.line_starts(text)
         self.cursor = len(text)
         self.version = 1
         self.latest: int | None = None
@@ -90,12 +93,13 @@ class Editor:
             "uri": self.uri, "languageId": "python", "version": self.version, "text": self.text}})
 
     def _pos(self, off: int) -> dict:
-        line, ch = positions.position_at(self.text, off, positions.UTF16)
+        line, ch = positions.position_at(self.text, off, positions.UTF16, self._starts)
         return {"line": line, "character": ch}
 
     def edit(self, a: int, b: int, new: str) -> None:
         rng = {"start": self._pos(a), "end": self._pos(b)}
         self.text = self.text[:a] + new + self.text[b:]
+        self._starts = positions.update_line_starts(self._starts, self.text, a, b, len(new))
         self.version += 1
         self.shown = None
         self.client.notify("textDocument/didChange", {

@@ -41,10 +41,8 @@ class KogTextDocument(TextDocument):
     def _apply_incremental_change(self, change: types.TextDocumentContentChangePartial) -> None:
         r, src = change.range, self.source
         starts = self.line_starts()
-        a = positions.offset_at(src, r.start.line, r.start.character, self.encoding, starts=starts)
-        b = positions.offset_at(src, r.end.line, r.end.character, self.encoding, starts=starts)
-        if b < a:  # reversed range from a sloppy client: treat it as the same span
-            a, b = b, a
+        a, b = positions.change_span(src, (r.start.line, r.start.character), (r.end.line, r.end.character),
+                                     self.encoding, starts)
         new = "".join((src[:a], change.text, src[b:]))  # one copy fewer than a + b + c on big files
         self._starts = positions.update_line_starts(starts, new, a, b, len(change.text))
         self._source = self._starts_of = new

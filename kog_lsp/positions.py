@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 
 UTF8, UTF16, UTF32 = "utf-8", "utf-16", "utf-32"
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+LINE_BREAK = re.compile(r"\r\n|\r|\n")  # the LSP line terminators (textmap uses it too)
 
 
 class PositionError(ValueError):
@@ -47,7 +47,7 @@ def _char_index(line: str, col_units: int, encoding: str) -> int:
 
 def line_starts(text: str) -> list[int]:
     """Offsets where each line begins; always at least [0]. A trailing newline opens an empty last line."""
-    return [0] + [m.end() for m in _LINE_BREAK.finditer(text)]
+    return [0] + [m.end() for m in LINE_BREAK.finditer(text)]
 
 
 def update_line_starts(old_starts: list[int], new_text: str, a: int, b: int, inserted: int) -> list[int]:
@@ -116,13 +116,20 @@ def position_at(text: str, offset: int, encoding: str, starts: list[int] | None 
     return lo, units(text[starts[lo] : offset], encoding)
 
 
-def apply_change(text: str, start: tuple[int, int], end: tuple[int, int], new_text: str, encoding: str) -> str:
-    """Replace the range [start, end) given in LSP positions with new_text."""
-    starts = line_starts(text)
+def change_span(text: str, start: tuple[int, int], end: tuple[int, int], encoding: str,
+                starts: list[int] | None = None) -> tuple[int, int]:
+    """String offsets [a, b) of a didChange range given in LSP positions (lines past the end clamp)."""
+    starts = starts if starts is not None else line_starts(text)
     a = offset_at(text, start[0], start[1], encoding, starts=starts)
     b = offset_at(text, end[0], end[1], encoding, starts=starts)
     if b < a:  # reversed range from a sloppy client: treat it as the same span
         a, b = b, a
+    return a, b
+
+
+def apply_change(text: str, start: tuple[int, int], end: tuple[int, int], new_text: str, encoding: str) -> str:
+    """Replace the range [start, end) given in LSP positions with new_text."""
+    a, b = change_span(text, start, end, encoding)
     return text[:a] + new_text + text[b:]
 
 

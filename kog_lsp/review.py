@@ -317,7 +317,9 @@ def review_document(engine, text: str, language: str, opts: ReviewOptions, score
 # ---------------------------------------------------------------- LSP shapes
 
 
-def _range(text: str, a: int, b: int, encoding: str, starts: list[int]) -> types.Range:
+def lsp_range(text: str, a: int, b: int, encoding: str, starts: list[int] | None = None) -> types.Range:
+    """LSP Range of the character offsets [a, b) of `text` (also used for refactor edits)."""
+    starts = starts if starts is not None else positions.line_starts(text)
     sl, sc = positions.position_at(text, a, encoding, starts)
     el, ec = positions.position_at(text, b, encoding, starts)
     return types.Range(start=types.Position(line=sl, character=sc), end=types.Position(line=el, character=ec))
@@ -330,9 +332,9 @@ def to_diagnostics(text: str, findings: Sequence[Finding], encoding: str, versio
     sev = SEVERITY.get(severity, types.DiagnosticSeverity.Information)
     out = []
     for f in findings:
-        fix = _range(text, f.token_start, f.token_end, encoding, starts)
+        fix = lsp_range(text, f.token_start, f.token_end, encoding, starts)
         out.append(types.Diagnostic(
-            range=_range(text, f.start, f.end, encoding, starts),
+            range=lsp_range(text, f.start, f.end, encoding, starts),
             message=f.message,
             severity=sev,
             source=SOURCE,
@@ -354,9 +356,10 @@ def _data_dict(data) -> dict | None:
 
 
 def quick_fix(diagnostic: types.Diagnostic, uri: str, text: str, version: int | None,
-              encoding: str) -> types.CodeAction | None:
+              encoding: str, starts: list[int] | None = None) -> types.CodeAction | None:
     """'Replace the token with the expected one' for a review diagnostic, or None when it no longer applies
-    (document changed since the diagnostic was computed, or the token is not there any more)."""
+    (document changed since the diagnostic was computed, or the token is not there any more). `starts`: the
+    line starts of `text` when the caller has them (the document's cached ones)."""
     if diagnostic.source != SOURCE:
         return None
     data = _data_dict(diagnostic.data)
@@ -364,7 +367,7 @@ def quick_fix(diagnostic: types.Diagnostic, uri: str, text: str, version: int | 
         return None
     try:
         r = data["fixRange"]
-        starts = positions.line_starts(text)
+        starts = starts if starts is not None else positions.line_starts(text)
         a = positions.offset_at(text, r["start"]["line"], r["start"]["character"], encoding, starts=starts)
         b = positions.offset_at(text, r["end"]["line"], r["end"]["character"], encoding, starts=starts)
         actual, expected = data["actual"], data["expected"]
@@ -372,7 +375,7 @@ def quick_fix(diagnostic: types.Diagnostic, uri: str, text: str, version: int | 
         return None
     if text[a:b] != actual:
         return None
-    edit = types.TextEdit(range=_range(text, a, b, encoding, starts), new_text=expected)
+    edit = types.TextEdit(range=lsp_range(text, a, b, encoding, starts), new_text=expected)
     return types.CodeAction(
         title=f"Replace `{actual.strip()}` with `{expected.strip()}`",
         kind=types.CodeActionKind.QuickFix,

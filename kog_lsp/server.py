@@ -18,10 +18,8 @@ from kog_lsp.stats import Stats
 
 log = logging.getLogger(__name__)
 
-# Feature modules, registered in this order. review/actions are written by another room; until they
-# exist the server runs without them (debug log).
+# Feature modules, registered in this order.
 FEATURE_MODULES = ("completion", "status", "review", "actions")
-OPTIONAL_FEATURES = {"review", "actions"}
 
 
 class KogLanguageServer(LanguageServer):
@@ -132,13 +130,7 @@ def create_server(options: EngineOptions | None = None) -> KogLanguageServer:
     ls = KogLanguageServer(options)
     _register_lifecycle(ls)
     for name in FEATURE_MODULES:
-        try:
-            mod = importlib.import_module(f"kog_lsp.features.{name}")
-        except ModuleNotFoundError as exc:
-            if name in OPTIONAL_FEATURES and exc.name == f"kog_lsp.features.{name}":
-                log.debug("feature module %s not present; skipped", name)
-                continue
-            raise
+        mod = importlib.import_module(f"kog_lsp.features.{name}")
         mod.register(ls)
         ls.features_loaded.append(name)
     return ls

@@ -11,9 +11,9 @@ import re
 import tokenize
 from typing import Iterable, Sequence
 
-log = logging.getLogger(__name__)
+from kog_lsp.positions import LINE_BREAK
 
-_LINE_BREAK = re.compile(r"\r\n|\r|\n")
+log = logging.getLogger(__name__)
 
 
 # ---------------------------------------------------------------- tokens -> characters
@@ -94,7 +94,7 @@ def scan_strings_and_comments(text: str, language: str, start: int = 0) -> list[
         hit = False
         for marker in line_comments:
             if text.startswith(marker, i):
-                m = _LINE_BREAK.search(text, i)
+                m = LINE_BREAK.search(text, i)
                 end = m.start() if m else n
                 spans.append((i, end))
                 i, hit = end, True
@@ -143,13 +143,15 @@ for _name in ("FSTRING_START", "FSTRING_MIDDLE", "FSTRING_END"):  # Python >= 3.
         _PY_STRINGISH.add(getattr(tokenize, _name))
 
 
+def tokenize_line_starts(text: str) -> list[int]:
+    """Offsets where the rows of Python's tokenize begin: it reads lines split on "\n" only (not the LSP
+    terminators of kog_lsp.positions), and its columns are characters within those rows."""
+    return [0] + [m.end() for m in re.finditer("\n", text)]
+
+
 def _python_spans(text: str) -> tuple[list[tuple[int, int]], str | None]:
     """Python's own tokenizer; on incomplete code it keeps what it read and the scanner does the rest."""
-    # tokenize reads lines split on "\n" only; columns are characters within those lines.
-    starts = [0]
-    for k, c in enumerate(text):
-        if c == "\n":
-            starts.append(k + 1)
+    starts = tokenize_line_starts(text)
     spans: list[tuple[int, int]] = []
     last_end = 0
     try:
@@ -221,10 +223,7 @@ _OPEN, _CLOSE = "([{", ")]}"
 def _logical_lines(text: str):
     """Python tokens grouped by logical line as (type, string, start_offset, end_offset); stops quietly where
     tokenize gives up on incomplete code."""
-    starts = [0]
-    for k, c in enumerate(text):
-        if c == "\n":
-            starts.append(k + 1)
+    starts = tokenize_line_starts(text)
     line: list[tuple[int, str, int, int]] = []
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):

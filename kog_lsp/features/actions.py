@@ -33,19 +33,19 @@ def code_actions(ls, params: types.CodeActionParams) -> list[types.CodeAction]:
     if doc is None:
         return []
     text, enc, version = doc.source, doc.encoding, doc.version
+    starts = doc.line_starts()  # cached across edits: codeAction comes on every cursor move
     only = params.context.only if params.context else None
     out: list[types.CodeAction] = []
     if kind_allowed(types.CodeActionKind.QuickFix.value, only):
         for d in (params.context.diagnostics if params.context else []) or []:
-            fix = quick_fix(d, uri, text, version, enc)
+            fix = quick_fix(d, uri, text, version, enc, starts)
             if fix is not None:
                 out.append(fix)
     if ls.runtime.ready:  # refactors need the model; do not offer what cannot run
         r = params.range
-        starts = positions.line_starts(text)
         a = positions.offset_at(text, r.start.line, r.start.character, enc, starts=starts)
         b = positions.offset_at(text, r.end.line, r.end.character, enc, starts=starts)
-        refactors = list_actions(uri, version, text, a, b, only)
+        refactors = list_actions(uri, version, text, a, b, only, starts=starts)
         if not _resolve_supported(ls):
             # No lazy resolve: the action runs a command that generates and applies the edit itself.
             for act in refactors:
