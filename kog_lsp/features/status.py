@@ -14,6 +14,10 @@ def stats_result(ls) -> dict:
     snap["state"] = ls.runtime.state
     snap["backend"] = ls.runtime.backend
     snap["settings"] = ls.settings.to_dict()
+    worker = ls.runtime.worker
+    snap["queue"] = worker.pending() if worker is not None else 0  # engine jobs waiting: must not grow
+    review = getattr(ls, "review", None)
+    snap["review"] = dict(review.counters) if review is not None else None
     return snap
 
 

@@ -130,6 +130,9 @@ async def test_push_diagnostic_for_injected_bug_and_quick_fix(client):
     assert d.range.start.line == BUG_LINE and d.source == "kog"
     assert d.severity == types.DiagnosticSeverity.Information
     assert "`w" in d.message and "`s" in d.message and "%" in d.message  # unexpected token, expected one, its p
+    stats = await client.protocol.send_request_async("kog/stats", {})
+    # (pygls hands untyped results back as namedtuples)
+    assert stats.review.reviews >= 1 and stats.review.findings >= 1 and stats.queue >= 0
 
     actions = await client.text_document_code_action_async(types.CodeActionParams(
         text_document=types.TextDocumentIdentifier(uri=URI), range=d.range,
