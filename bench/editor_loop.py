@@ -42,7 +42,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from kog_lsp.settings import Settings  # noqa: E402  (stdlib only: usable on the GPU machine)
 from kog_lsp.stats import percentile as pct  # noqa: E402  (no pygls import: usable on the GPU machine)
+
+DEFAULTS = Settings()  # engine mode uses the server's own defaults, so the two modes measure the same prompts
 
 MANIFEST = REPO / "engine" / "models" / "default" / "corpus_manifest.json"
 GOAL_P50_MS = {"cpu": 150.0, "cuda": 30.0}
@@ -489,11 +492,11 @@ def main(argv=None) -> dict:
     ap.add_argument("--chars", type=int, default=300, help="characters typed per file")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--speed", type=float, default=1.0, help="typing speed multiplier (pauses / speed)")
-    ap.add_argument("--max-tokens", type=int, default=64, help="server setting maxTokens")
-    ap.add_argument("--multiline", default="auto", choices=["auto", "always", "never"])
-    ap.add_argument("--prefix-tokens", type=int, default=1024)
-    ap.add_argument("--suffix-tokens", type=int, default=256)
-    ap.add_argument("--context-tokens", type=int, default=512)
+    ap.add_argument("--max-tokens", type=int, default=DEFAULTS.max_tokens, help="server setting maxTokens")
+    ap.add_argument("--multiline", default=DEFAULTS.multiline, choices=["auto", "always", "never"])
+    ap.add_argument("--prefix-tokens", type=int, default=DEFAULTS.prefix_tokens)
+    ap.add_argument("--suffix-tokens", type=int, default=DEFAULTS.suffix_tokens)
+    ap.add_argument("--context-tokens", type=int, default=DEFAULTS.context_tokens)
     ap.add_argument("--server-settings", default="{}", help="server mode: extra kog settings as JSON, e.g. "
                     "'{\"reviewEnable\": false}'")
     ap.add_argument("--save-traces", help="write the traces as JSON here")
