@@ -100,6 +100,16 @@ class Prompt:
     fim: bool
 
 
+def has_fim(tokenizer) -> bool:
+    fim = getattr(tokenizer, "fim", None)
+    return not (fim is None or fim.prefix is None or fim.suffix is None or fim.middle is None)
+
+
+def prompt_format(tokenizer) -> str:
+    """What completion prompts look like for this tokenizer (logged at load, reported in kog/stats)."""
+    return f"fim:{tokenizer.fim.format}" if has_fim(tokenizer) else "prefix-only (the tokenizer has no FIM tokens)"
+
+
 def build_prompt(tokenizer, text: str, cursor: int, *, prefix_tokens: int, suffix_tokens: int,
                  context_ids: list[int] | None = None, path: str | None = None,
                  starts: list[int] | None = None) -> Prompt:
@@ -123,7 +133,7 @@ def build_prompt(tokenizer, text: str, cursor: int, *, prefix_tokens: int, suffi
     start, pre = prefix_window(encode, before, prefix_tokens, starts=window_starts)
     start += lo
     fim = tokenizer.fim
-    if fim is None or fim.prefix is None or fim.suffix is None or fim.middle is None:
+    if not has_fim(tokenizer):
         bos = getattr(tokenizer, "bos_id", None)
         ids = ([bos] if bos is not None else []) + pre
         return Prompt(ids, start, len(pre), 0, 0, False)

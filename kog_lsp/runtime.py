@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from lsprotocol import types
 
+from kog_lsp.fim import prompt_format
+
 log = logging.getLogger(__name__)
 
 STATUS_METHOD = "kog/status"
@@ -42,6 +44,7 @@ class Runtime:
         self.error: str | None = None
         self.worker = None
         self.tokenizer = None
+        self.prompt_format = None  # set at load: fim:<format> or prefix-only, with the reason
         self.engine_stats: dict | None = None
         self.backend: str | None = None
         self.backend_reason: str | None = None
@@ -163,8 +166,9 @@ class Runtime:
         self.load_seconds = time.perf_counter() - self._t0
         self.ready = True
         self.loaded.set()
-        log.info("model ready in %.1f s: backend=%s (%s) device=%s", self.load_seconds, self.backend,
-                 self.backend_reason, stats.get("device"))
+        self.prompt_format = prompt_format(tokenizer)
+        log.info("model ready in %.1f s: backend=%s (%s) device=%s prompts=%s", self.load_seconds, self.backend,
+                 self.backend_reason, stats.get("device"), self.prompt_format)
         if self._initialized:
             self._announce_end()
 

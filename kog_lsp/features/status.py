@@ -13,6 +13,7 @@ def stats_result(ls) -> dict:
     snap = ls.stats.snapshot(ls.runtime.engine_stats)
     snap["state"] = ls.runtime.state
     snap["backend"] = ls.runtime.backend
+    snap["promptFormat"] = ls.runtime.prompt_format
     snap["settings"] = ls.settings.to_dict()
     worker = ls.runtime.worker
     snap["queue"] = worker.pending() if worker is not None else 0  # engine jobs waiting: must not grow

@@ -50,6 +50,7 @@ async def test_initialize_capabilities_status_and_progress(client):
     assert "kog.accepted" in caps.execute_command_provider.commands and caps.completion_provider is not None
     s = await stats(client)
     assert s["state"] in ("ready", "busy") and s["engine"]["backend"] == "reference"
+    assert s["promptFormat"] == "fim:qwen"
 
 
 async def test_inline_completion_automatic_and_invoked(client):

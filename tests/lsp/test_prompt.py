@@ -1,7 +1,7 @@
 from dataclasses import dataclass
 
 from kog_lsp.context import ContextBuilder, display_path
-from kog_lsp.fim import build_prompt, prefix_window, stop_ids_for, suffix_window
+from kog_lsp.fim import build_prompt, prefix_window, prompt_format, stop_ids_for, suffix_window
 
 DOC = "".join(f"def f{i}(x):\n    return x + {i}\n\n" for i in range(200))
 
@@ -62,6 +62,11 @@ def test_prefix_only_prompt_without_fim():
     p = build_prompt(_NoFimTokenizer(), "abc\ndef", 5, prefix_tokens=100, suffix_tokens=100)
     assert not p.fim and p.ids == [7] + [ord(c) for c in "abc\nd"]
     assert stop_ids_for(_NoFimTokenizer()) == frozenset({0})
+    assert prompt_format(_NoFimTokenizer()).startswith("prefix-only") and "no FIM tokens" in prompt_format(_NoFimTokenizer())
+
+
+def test_prompt_format_names_the_fim_format(tiny_tokenizer):
+    assert prompt_format(tiny_tokenizer) == "fim:qwen"
 
 
 def test_stop_ids_include_fim_markers(tiny_tokenizer):
