@@ -106,6 +106,13 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
         row[key] = timed(lambda: mk.run(0, tok0, ctx, N), args.reps) / N * 1e6
     for k, v in default.items():
         setattr(mk, k, v)
+    # attention split length (attn_min_pos): the default and alternatives, same launch otherwise
+    default_mp = mk.attn_min_pos
+    for mp in args.min_pos:
+        mk.attn_min_pos = mp
+        mk.run(0, tok0, ctx, 32)
+        row[f"mk_minpos{mp}_us"] = timed(lambda: mk.run(0, tok0, ctx, N), args.reps) / N * 1e6
+    mk.attn_min_pos = default_mp
     t = timed(lambda: list(mkb.decode_loop(0, tok0, ctx, N, greedy, frozenset(), None)), args.reps)
     row["monokernel_stream_us"] = t / N * 1e6
     del mkb, mk
@@ -197,6 +204,15 @@ def hf_peer(cfg, ctx: int, N: int, reps: int) -> float:
     return (t_n - t_1) / (N - 1) * 1e6
 
 
+def best(r: dict, prefix: str) -> str:
+    """The fastest of the timed variants named <prefix><value>_us, as 'value:us'."""
+    vals = {k[len(prefix):-3]: v for k, v in r.items() if k.startswith(prefix)}
+    if not vals:
+        return "-"
+    k = min(vals, key=vals.get)
+    return f"{k}:{vals[k]:.0f}"
+
+
 def pf_best(r: dict) -> str:
     vals = [v for k, v in r.items() if k.startswith("mk_pf")]
     return f"{min(vals):9.0f}" if vals else f"{'-':>9}"
@@ -210,9 +226,12 @@ def main():
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--peer", default="all", help="all | none | comma list of shapes")
     ap.add_argument("--prefetch", default="32768", help="comma list of prefetch byte budgets to also time")
+    ap.add_argument("--min-pos", default="1,32",
+                    help="attention split lengths (attn_min_pos) to time besides the default; 1 = every split")
     ap.add_argument("--budget-s", type=float, default=1e9, help="skip peers once this much time has passed")
     args = ap.parse_args()
     args.prefetch = [int(x) for x in args.prefetch.split(",") if x.strip() and int(x) > 0]
+    args.min_pos = [int(x) for x in args.min_pos.split(",") if x.strip()]
     t_start = time.monotonic()
     deadline = t_start + args.budget_s
     dev = torch.cuda.get_device_name(0)
@@ -229,7 +248,7 @@ def main():
             row = {"shape": name, "error": f"{type(e).__name__}: {e}"}
         rows.append(row)
         log(json.dumps(row))
-    hdr = (f"{'shape':<20} {'roof us':>8} {'mk us':>8} {'mk tok/s':>9} {'%roof':>6} {'v0 us':>7} {'mk+pf us':>9} "
+    hdr = (f"{'shape':<20} {'roof us':>8} {'mk us':>8} {'mk tok/s':>9} {'%roof':>6} {'v0 us':>7} {'mk+pf us':>9} {'minpos':>10} "
            f"{'stream us':>9} "
            f"{'graph us':>9} {'peer us':>8} {'mk/peer':>8} {'mk/graph':>8}")
     log("")
@@ -241,7 +260,7 @@ def main():
             continue
         log(f"{r['shape']:<20} {f(r, 'roofline_us', '{:8.0f}')} {f(r, 'monokernel_us', '{:8.0f}')} "
             f"{f(r, 'monokernel_tok_s', '{:9.0f}')} {f(r, 'monokernel_pct_roof', '{:5.0f}%')} "
-            f"{f(r, 'mk_v0_us', '{:7.0f}')} {pf_best(r)} "
+            f"{f(r, 'mk_v0_us', '{:7.0f}')} {pf_best(r)} {best(r, 'mk_minpos'):>10} "
             f"{f(r, 'monokernel_stream_us', '{:9.0f}')} {f(r, 'graph_us', '{:9.0f}')} {f(r, 'peer_us', '{:8.0f}')} "
             f"{f(r, 'mk_speedup_vs_peer', '{:7.2f}x')} {f(r, 'mk_speedup_vs_graph', '{:7.2f}x')}")
     log(json.dumps({"bench": "decode", "device": dev, "copy_bw_TBps": bw / 1e12, "ctx": args.ctx,

@@ -87,6 +87,7 @@ PARAM_FIELDS = [
     ("n_lm", "i32"), ("pos0", "i32"), ("n_steps", "i32"), ("first_token", "i32"), ("n_stop", "i32"),
     ("prefetch_bytes", "i32"),   # per instruction, weights pulled into L2 before its wait (0 = off)
     ("early_loads", "i32"),      # 1: a matvec's first batch of weight loads is issued before its wait
+    ("attn_min_pos", "i32"),     # positions per attention split at least (fewer splits at short contexts)
     ("sm_vec", "i32"), ("sm_red", "i32"), ("sm_out", "i32"), ("sm_scr", "i32"), ("token_ctr", "i32"),
 ]
 # status[] words (device) and host_stat[] words (mapped host memory)

@@ -155,6 +155,9 @@ class Monokernel:
         self.prefetch_bytes = 0
         # Issue each matvec's first batch of weight loads before spinning on its inputs.
         self.early_loads = 1
+        # Attention splits hold at least this many positions (fewer, longer splits at short contexts: a
+        # cheaper combine); bench/decode.py sweeps it.
+        self.attn_min_pos = 64
 
     # ---- launch ----
     def launch(self, slot: int, token: int, pos0: int, n_steps: int, temperature: float = 0.0, top_p: float = 1.0,
@@ -199,6 +202,7 @@ class Monokernel:
         p.watchdog_cycles = int(self.watchdog_cycles)
         p.prefetch_bytes = int(self.prefetch_bytes)
         p.early_loads = int(self.early_loads)
+        p.attn_min_pos = int(self.attn_min_pos)
         p.eps, p.attn_scale = dm.eps, dm.head_dim ** -0.5
         p.temperature, p.top_p = float(temperature), float(top_p)
         p.d, p.q_dim, p.kv_dim, p.ffn, p.vocab = dm.d, dm.q_dim, dm.kv_dim, dm.ffn, dm.vocab

@@ -3,21 +3,30 @@
 #pragma once
 
 // ---------------------------------------------------------------- attention
-// One (kv head, split) partial over positions [p0, p1) of pos + 1; the last split appends this step's K/V.
-// The last split to finish (ticket) combines the partials into attn[] and bumps ATTN_DONE.
+// Attention position splits in use at context length n (the rest only take their ticket): fewer, longer
+// splits at short contexts keep the combine cheap (bench/NOTES.md, v3 sweep).
+MK_DEV int attn_splits(const MkParams& p, int n) {
+    return max(1, min(p.n_splits, (n + p.attn_min_pos - 1) / p.attn_min_pos));
+}
+
+// One (kv head, split) partial over positions [p0, p1) of pos + 1. Only the first S_eff = attn_splits(n) splits
+// have positions; split S_eff - 1 (the one holding position pos) appends this step's K/V. The last split to
+// finish (ticket) combines the partials into attn[] and bumps ATTN_DONE.
 template <int HD>
 MK_DEV void op_attn(const MkParams& p, const int* ins, int step, int pos, float* sm, int* sflag) {
     constexpr int DPL = HD / 32, HALF = HD / 2;
     const int layer = ins[MK_F_LAYER], head = ins[MK_F_A0], split = ins[MK_F_A1];
     const int g = p.group, S = p.n_splits;
     const int n = pos + 1;
-    const int p0 = (int)((long long)split * n / S), p1 = (int)((long long)(split + 1) * n / S);
+    const int S_eff = attn_splits(p, n);
+    const int p0 = (int)((long long)split * n / S_eff), p1 = (int)((long long)(split + 1) * n / S_eff);
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t row0 = ((size_t)layer * p.n_kv + head) * (size_t)p.max_len;
     mk_bf16* kc = p.k_cache + row0 * HD;
     mk_bf16* vc = p.v_cache + row0 * HD;
     float* sq = sm;                               // [MAX_GROUP][HD] rotated, scaled q
     float* sw = sm + MK_MAX_GROUP * HD;           // [NW][g][HD + 2] per-warp partials
+    if (split < S_eff) {   // CTA-uniform: the barriers inside are safe
     for (int e = threadIdx.x; e < g * HD; e += NT) {
         const int j = e / HD, i = e - j * HD;
         const float* q = p.qkv + (size_t)(head * g + j) * HD;
@@ -26,7 +35,7 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int step, int pos, float*
         sincosf((float)pos * p.inv_freq[i % HALF], &s, &c);
         sq[e] = (i < HALF ? a * c - b * s : a * c + b * s) * p.attn_scale;
     }
-    if (split == S - 1) {
+    if (split == S_eff - 1) {
         const float* k = p.qkv + p.q_dim + head * HD;
         const float* v = p.qkv + p.q_dim + p.kv_dim + head * HD;
         for (int i = threadIdx.x; i < HD; i += NT) {
@@ -107,50 +116,33 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int step, int pos, float*
         if (i == 0) { part[j * (HD + 2)] = M; part[j * (HD + 2) + 1] = den; }
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
+    }   // split < S_eff
+    if (threadIdx.x == 0) {   // acq_rel: publishes this partial, and the last taker sees every other one
         const unsigned old = mk_atom_acq_rel(p.ctr + ins[MK_F_SIG_CTR], 1u);
-        const int last = old == (unsigned)((step + 1) * S - 1);
-        if (last) __threadfence();
-        *sflag = last;
+        *sflag = old == (unsigned)((step + 1) * S - 1);
     }
     __syncthreads();
     if (*sflag) {
-        // Combine the S partials of this head's g query heads. v0 walked the splits with two dependent loops
-        // of L2 loads per element (~2S round trips, ~40 us per layer at S = 64); now: (1) every (split, head)
-        // m and l in parallel into shared memory, (2) per head the max, weights and denominator, (3) each
-        // element sums S accumulators with the loads unrolled so several are in flight.
+        // Combine the S_eff partials of this head's g query heads: one thread per output element merges the
+        // splits in order with the online-softmax rule. The loads of different splits do not depend on each
+        // other, so (unrolled) they are all in flight at once: one L2 round trip, no barrier.
         const float* pbase = p.part + (size_t)head * S * g * (HD + 2);
-        float* cm = sm;                 // [S][g] m, then the weight exp(m - M)
-        float* cl = sm + S * g;         // [S][g] l
-        float* cden = sm + 2 * S * g;   // [g]
-        for (int t = threadIdx.x; t < S * g; t += NT) {
-            const float* o = pbase + (size_t)t * (HD + 2);   // t = s * g + j
-            cm[t] = mk_ld_cg(o);
-            cl[t] = mk_ld_cg(o + 1);
-        }
-        __syncthreads();
-        if (threadIdx.x < g) {
-            const int j = threadIdx.x;
-            float M = -INFINITY;
-            for (int s = 0; s < S; ++s) M = fmaxf(M, cm[s * g + j]);
-            float den = 0.f;
-            for (int s = 0; s < S; ++s) {
-                const float ms = cm[s * g + j];
-                const float wgt = ms == -INFINITY ? 0.f : expf(ms - M);
-                cm[s * g + j] = wgt;
-                den += wgt * cl[s * g + j];
-            }
-            cden[j] = den;
-        }
-        __syncthreads();
         for (int e = threadIdx.x; e < g * HD; e += NT) {
             const int j = e / HD, i = e - j * HD;
-            const float* o = pbase + (size_t)j * (HD + 2) + 2 + i;
-            float num = 0.f;
+            const float* o = pbase + (size_t)j * (HD + 2);
+            float M = -INFINITY, den = 0.f, num = 0.f;
 #pragma unroll 8
-            for (int s = 0; s < S; ++s) num += cm[s * g + j] * mk_ld_cg(o + (size_t)s * g * (HD + 2));
-            p.attn[(size_t)(head * g + j) * HD + i] = num / cden[j];
+            for (int sp = 0; sp < S_eff; ++sp) {
+                const float* q = o + (size_t)sp * g * (HD + 2);
+                const float ms = mk_ld_cg(q), ls = mk_ld_cg(q + 1), as = mk_ld_cg(q + 2 + i);
+                if (ms == -INFINITY) continue;
+                const float mn = fmaxf(M, ms);
+                const float c_old = expf(M - mn), c_new = expf(ms - mn);
+                den = den * c_old + ls * c_new;
+                num = num * c_old + as * c_new;
+                M = mn;
+            }
+            p.attn[(size_t)(head * g + j) * HD + i] = num / den;
         }
         signal_ctr(p.ctr + ins[MK_F_AUX]);
     }

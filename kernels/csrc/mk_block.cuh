@@ -95,12 +95,11 @@ MK_DEV bool wait_ctr(const MkParams& p, const unsigned* c, unsigned target, int 
     return ok;
 }
 
+// Every thread's writes precede thread 0's release (bar.sync orders them within the CTA; the release at gpu
+// scope is cumulative, so a consumer's acquire of the counter sees them all: no separate fence).
 MK_DEV void signal_ctr(unsigned* c) {
-    __syncthreads();                 // every thread's writes precede thread 0's release
-    if (threadIdx.x == 0) {
-        __threadfence();
-        mk_red_release(c, 1u);
-    }
+    __syncthreads();
+    if (threadIdx.x == 0) mk_red_release(c, 1u);
 }
 
 // dst[0:n] = src[0:n] (fp32, written by other CTAs; n % 4 == 0). Caller syncs.

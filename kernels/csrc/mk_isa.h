@@ -102,6 +102,7 @@ struct MkParams {
     int n_stop;
     int prefetch_bytes;
     int early_loads;
+    int attn_min_pos;
     int sm_vec;
     int sm_red;
     int sm_out;

@@ -184,3 +184,25 @@ def test_load_timing_variants_are_bit_identical(name):
         outs.append(out)
     s.mk.early_loads, s.mk.prefetch_bytes = 1, 0
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+
+
+@pytest.mark.parametrize("name", [SHAPES[0], SHAPES[1]])
+def test_attention_split_length_only_changes_rounding(name):
+    """attn_min_pos picks how many position splits carry the attention (64 at min_pos 1, one at 4096): the
+    logits agree to rounding, and each setting is reproducible to the bit."""
+    s = setup_for(name)
+    forced = s.ids[PROMPT:PROMPT + 16].tolist()
+    outs = {}
+    for mp in (1, 64, 4096, 64):
+        s.restore()
+        s.mk.attn_min_pos = mp
+        out = torch.empty(16, s.cfg.vocab_size, device="cuda")
+        s.mk.run(0, forced[0], PROMPT, 16, forced=forced, logits_out=out)
+        if mp in outs:
+            assert torch.equal(outs[mp], out), "same split length, different bits"
+        outs[mp] = out
+    s.mk.attn_min_pos = 64
+    for mp in (1, 4096):
+        err = max(rel(outs[mp][i], outs[64][i]) for i in range(16))
+        print(f"{name}: attn_min_pos {mp} vs 64: rel L2 max {err:.2e}")
+        assert err < 2e-3, (mp, err)
