@@ -10,11 +10,13 @@ Activations: one sequence (batch size 1). The KV cache layout is the contract's
 """
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import CausalBias, causal_lower_right
 
 from .config import ModelConfig
 
@@ -67,8 +69,29 @@ def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     """x: fp32 residual [.., d]; w: [d] in the weight dtype -> normalised x in the weight dtype."""
     if w.dtype == torch.float32:
         return F.rms_norm(x, (x.shape[-1],), w, eps)
-    # Low precision: normalise in fp32, round to the weight dtype, then scale (HF's order).
-    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)).to(w.dtype)
+    # Low precision: normalise in fp32, round to the weight dtype, then scale (HF's order). F.rms_norm without a
+    # weight is one fused op where pow/mean/add/rsqrt/mul were five launches (x 2 per layer on every prefill).
+    return F.rms_norm(x, (x.shape[-1],), None, eps).to(w.dtype) * w
+
+
+# The causal-bias dispatch forwards enable_gqa only in newer torch; without it GQA would fail there.
+_BIAS_GQA = "enable_gqa" in inspect.signature(CausalBias._dispatch).parameters
+
+
+def causal_mask(T: int, end: int, device: torch.device, dtype: torch.dtype):
+    """SDPA attn_mask for T queries at positions end-T..end-1 over keys 0..end-1 (query i sees keys <= end-T+i).
+
+    None for one query (it sees every key). On CUDA in half precision: torch's lower-right causal bias, which
+    SDPA runs as flash attention (GQA included) with no mask tensor; a materialised boolean mask would force
+    the math backend (a dozen launches per layer, scores upcast to fp32). Elsewhere (CPU, the fp32 reference
+    on GPU, where flash does not apply): the boolean [T, end] mask.
+    """
+    if T == 1:
+        return None
+    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and _BIAS_GQA:
+        return causal_lower_right(T, end)
+    qpos = torch.arange(end - T, end, device=device)[:, None]
+    return torch.arange(end, device=device)[None, :] <= qpos
 
 
 @dataclass
@@ -173,12 +196,7 @@ class Model:
             return logits[None] if all_logits else logits
         nh, nkv, hd, qd, kvd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim, cfg.q_dim, cfg.kv_dim
         cos, sin = self.cos[start:end], self.sin[start:end]
-        if T == 1:
-            mask = None
-        else:
-            # Query i (absolute position start+i) sees keys 0..start+i.
-            qpos = torch.arange(start, end, device=self.device)[:, None]
-            mask = torch.arange(end, device=self.device)[None, :] <= qpos
+        mask = causal_mask(T, end, self.device, self.dtype)
         # The residual stream stays fp32 whatever the weight dtype (cheap at [T, d]): rounding errors then do
         # not compound in it across layers; matmul inputs/outputs are in the weight dtype.
         x = F.embedding(ids, self.embed).float()  # [T, d]
@@ -194,6 +212,7 @@ class Model:
             q = qk[:nh]
             o = F.scaled_dot_product_attention(q[None], kc[None, :, :end], vc[None, :, :end], attn_mask=mask,
                                                enable_gqa=nh != nkv)[0]        # [nh, T, hd]
+            # (flash returns [nh, T, hd] as a transposed view of [T, nh, hd]: this reshape is then free)
             x = x + F.linear(o.transpose(0, 1).reshape(T, qd), w.wo, w.bo)
             h = rms_norm(x, w.ln2, eps)
             g, u = F.linear(h, w.wgu, w.bgu).chunk(2, dim=-1)

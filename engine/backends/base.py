@@ -24,7 +24,12 @@ class Backend:
         self.tp, self.tp_mode = tp, tp_mode
 
     def prefill(self, slot: int, ids: torch.Tensor, start_pos: int, all_logits: bool = False) -> torch.Tensor:
-        """ids: LongTensor [T] on the model device, positions start_pos.. -> fp32 [T, V] or [V]; writes KV."""
+        """ids: LongTensor [T] on the model device, positions start_pos.. -> fp32 [T, V] or [V]; writes KV.
+
+        Only all_logits (scoring) needs every row; completion asks for the last one, which lets a backend skip
+        the LM head elsewhere and replay a padded CUDA graph (graph.PrefillGraphs). The K/V of positions past
+        start_pos + T may be overwritten (a padded chunk's tail): they are not valid for the slot, and every
+        reader masks them."""
         raise NotImplementedError
 
     def decode(self, slot: int, token: int, pos: int) -> torch.Tensor:

@@ -6,21 +6,11 @@ import pytest
 import torch
 
 from engine.backends.graph import MIN_BUCKET, GraphBackend, bucket_for
-from engine.config import ModelConfig
 from engine.kv_cache import KVCache
 from engine.model import Model
 from engine.sampling import SamplingParams
+from shapes import SHAPES  # noqa: E402  (tests/gpu is on sys.path under pytest)
 
-SHAPES = {
-    "qwen": ModelConfig(arch="qwen2", vocab_size=4096, hidden_size=512, n_layers=4, n_heads=8, n_kv_heads=2,
-                        intermediate_size=1408, head_dim=64, rope_theta=1e6, tie_word_embeddings=True,
-                        qkv_bias=True, name="qwen-small"),
-    "llama": ModelConfig(arch="llama", vocab_size=4096, hidden_size=512, n_layers=4, n_heads=8, n_kv_heads=4,
-                         intermediate_size=1536, head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0,
-                         rope_scaling={"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
-                                       "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
-                         tie_word_embeddings=False, name="llama-small"),
-}
 MAX_LEN = 512
 PROMPT = MIN_BUCKET - 24   # the decode crosses a bucket boundary (a second graph per slot)
 STEPS = 80
