@@ -44,11 +44,36 @@ def _precheck(name: str, model) -> str | None:
     return None
 
 
+class TPUnavailable(BackendUnavailable):
+    """tp > 1 was asked for where it cannot run (no CUDA, too few GPUs, no tensor-parallel backend). Loading
+    fails instead of silently running on one device."""
+
+
+def check_tp(tp, tp_mode: str, device) -> None:
+    """Refuse a tensor-parallel request this machine cannot serve, before any backend is built."""
+    if isinstance(tp, bool) or not isinstance(tp, int) or tp < 1:
+        raise ValueError(f"tp must be an integer >= 1, got {tp!r}")
+    if tp_mode not in ("exact", "delayed"):
+        raise ValueError(f"tp_mode must be 'exact' or 'delayed', not {tp_mode!r}")
+    if tp == 1:
+        return
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise TPUnavailable(f"tp={tp} needs {tp} CUDA GPUs, but the model device is {dev.type}"
+                            + ("" if torch.cuda.is_available() else " (CUDA is not available here)")
+                            + "; use tp=1 or device='cuda'")
+    n = torch.cuda.device_count()
+    if n < tp:
+        raise TPUnavailable(f"tp={tp} needs {tp} CUDA GPUs; this machine has {n}")
+
+
 def select_backend(requested: str, model, cache, tp: int = 1, tp_mode: str = "exact") -> tuple[Backend, str]:
     """Returns (backend, reason). `requested` is "auto" or a backend name; an explicit name that cannot run
-    falls back down the ORDER chain like auto does, and the reason says why."""
+    falls back down the ORDER chain like auto does, and the reason says why. tp > 1 or tp_mode 'delayed' only
+    runs on a backend with `supports_tp`; without one (or without enough GPUs) this raises TPUnavailable."""
     if requested != "auto" and requested not in ORDER:
         raise ValueError(f"unknown backend {requested!r} (known: auto, {', '.join(ORDER)})")
+    check_tp(tp, tp_mode, model.device)
     chain = ORDER if requested == "auto" else ORDER[ORDER.index(requested):]
     reasons: list[str] = []
     for name in chain:
@@ -86,7 +111,11 @@ def select_backend(requested: str, model, cache, tp: int = 1, tp_mode: str = "ex
         reason = "; ".join(reasons + [f"{name} selected ({picked})"])
         log.info("backend: %s (%s)", name, reason)
         return backend, reason
+    if tp != 1 or tp_mode != "exact":
+        raise TPUnavailable(f"no backend can run tp={tp} tp_mode={tp_mode} (tensor-parallel decoding needs a "
+                            f"backend with supports_tp; none started): " + "; ".join(reasons))
     raise RuntimeError("no backend could start: " + "; ".join(reasons))
 
 
-__all__ = ["Backend", "BackendUnavailable", "ReferenceBackend", "select_backend", "ORDER"]
+__all__ = ["Backend", "BackendUnavailable", "ReferenceBackend", "TPUnavailable", "check_tp", "select_backend",
+           "ORDER"]
