@@ -13,6 +13,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
+from . import healing
 from .backends import select_backend
 from .config import ModelConfig
 from .kv_cache import KVCache
@@ -43,6 +44,7 @@ class GenerationResult:
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
     decode_tok_s: float = 0.0
+    healed: str = ""                # prompt text removed by token healing and regenerated (not part of `text`)
 
 
 @dataclass
@@ -104,6 +106,7 @@ class Engine:
                              dtype=model.dtype, device=model.device)
         self.backend, self.backend_reason = select_backend(backend, model, self.cache, tp=tp, tp_mode=tp_mode)
         self.name = name
+        self.tp, self.tp_mode = tp, tp_mode   # reported in stats(); select_backend refuses what cannot run
         self.last_result: GenerationResult | None = None
         self.last_score: ScoreResult | None = None
         self._generations = 0
@@ -111,6 +114,7 @@ class Engine:
         self._scores = 0
         self._prefill_ms_last = None
         self._decode_tok_s_last = None
+        self._heal = {"requests": 0, "healed": 0, "tokens_removed": 0, "unavailable": 0}
         stop = set(tokenizer.eos_ids) if tokenizer else set()
         stop.update(cfg.eos_token_ids)
         if tokenizer is not None and tokenizer.fim is not None:
@@ -159,13 +163,19 @@ class Engine:
         self.cache.truncate(slot, reuse)
         self._count_reuse(reuse, len(ids) - reuse)
         logits = None
-        dev = self.model.device
+        # One host-to-device copy for all chunks: a copy from pageable memory waits for the stream, so one per
+        # chunk would stall the host on the previous chunk's GPU work.
+        todo = torch.tensor(ids[reuse:], dtype=torch.long, device=self.model.device)
         for c in range(reuse, len(ids), PREFILL_CHUNK):
             if cancel is not None and cancel.is_set():
                 return slot, reuse, None
             chunk = ids[c:c + PREFILL_CHUNK]
-            logits = self.backend.prefill(slot, torch.tensor(chunk, dtype=torch.long, device=dev), c)
+            logits = self.backend.prefill(slot, todo[c - reuse:c - reuse + len(chunk)], c)
             self.cache.record(slot, chunk)
+        if logits is not None and logits.is_cuda:
+            # prefill_ms is then the time until the logits exist, not until the last launch returned; no latency
+            # is added: sampling the first token waits for them anyway.
+            torch.cuda.synchronize(logits.device)
         return slot, reuse, logits
 
     def _count_reuse(self, reused: int, prefilled: int) -> None:
@@ -180,14 +190,41 @@ class Engine:
     # ---- generation ----
     def generate(self, ids, max_new_tokens: int = 64, sampling: SamplingParams | None = None, stop_ids=None,
                  stop_strings=(), cancel: threading.Event | None = None,
-                 stop_fn: Callable[[str], bool] | None = None) -> Iterator[TokenEvent]:
+                 stop_fn: Callable[[str], bool] | None = None, heal: bool = False,
+                 heal_at: int | None = None) -> Iterator[TokenEvent]:
+        """heal: token healing (engine/healing.py): up to 2 tokens before the cursor are removed from the prompt
+        and the first generated token(s) must re-spell them; the returned text still starts at the cursor.
+        heal_at: index in `ids` where the text before the cursor ends (default: before the last <fim_suffix>
+        of a PSM FIM prompt, else the end of `ids`; healing.default_boundary)."""
         ids = self._check_ids(ids)   # validate eagerly so errors surface before iteration starts
-        return self._generate(ids, max_new_tokens, sampling or SamplingParams(), stop_ids, tuple(stop_strings),
-                              cancel, stop_fn)
+        hp = self._heal_plan(ids, heal_at) if heal else None
+        return self._generate(ids if hp is None else hp.ids, max_new_tokens, sampling or SamplingParams(), stop_ids,
+                              tuple(stop_strings), cancel, stop_fn, hp)
 
-    def _generate(self, ids, max_new, sampling, stop_ids, stop_strings, cancel, stop_fn) -> Iterator[TokenEvent]:
+    def _heal_plan(self, ids: list[int], heal_at: int | None) -> healing.HealPlan | None:
+        self._heal["requests"] += 1
+        if self.tokenizer is None:
+            self._heal["unavailable"] += 1
+            return None
+        vocab = healing.heal_vocab(self.tokenizer)
+        if not vocab.ok:
+            self._heal["unavailable"] += 1
+            return None
+        b = healing.default_boundary(ids, self.tokenizer.fim) if heal_at is None else heal_at
+        if not 0 <= b <= len(ids):
+            raise ValueError(f"heal_at {heal_at} outside the prompt (0..{len(ids)})")
+        hp = healing.plan(vocab, ids, b)
+        if hp is not None:
+            if not hp.ids:   # the prompt was nothing but the healed tail: nothing to condition on
+                return None
+            self._heal["healed"] += 1
+            self._heal["tokens_removed"] += len(hp.removed_ids)
+        return hp
+
+    def _generate(self, ids, max_new, sampling, stop_ids, stop_strings, cancel, stop_fn,
+                  hp: healing.HealPlan | None = None) -> Iterator[TokenEvent]:
         stop = frozenset(stop_ids) if stop_ids is not None else self.default_stop_ids
-        res = GenerationResult(prompt_tokens=len(ids))
+        res = GenerationResult(prompt_tokens=len(ids), healed=hp.text if hp is not None else "")
         self.last_result = res
         self._generations += 1
         t0 = time.perf_counter()
@@ -205,12 +242,23 @@ class Engine:
             self._cancellations += logits is None
             return
         gen = make_generator(sampling, logits.device)
-        first = sample(logits, sampling, gen)
         pos = len(ids)
         # Decode steps needed: each generated token but the last is fed back; the KV must fit max_len.
         steps = min(max_new - 1, self.max_seq_len - pos)
-        loop = self.backend.decode_loop(slot, first, pos, steps, sampling, stop, cancel, gen) if steps > 0 else iter(())
         dec = self.tokenizer.stream_decoder() if self.tokenizer else None
+        if hp is None:
+            first = sample(logits, sampling, gen)
+            loop = self.backend.decode_loop(slot, first, pos, steps, sampling, stop, cancel, gen) if steps > 0 \
+                else iter(())
+        else:
+            # Healing: the first token comes from the prefill logits here in Python for every backend, so the
+            # constraint needs nothing from the backends; a token that spells only part of the removed text is
+            # followed by constrained single decode() steps, then the backend's own loop takes over.
+            con = healing.Constraint(healing.heal_vocab(self.tokenizer), hp.removed)
+            first = sample(con.mask(logits), sampling, gen)
+            con.advance(first)
+            loop = self._healed_loop(slot, first, pos, steps, sampling, stop, cancel, gen, con)
+            dec = healing.SkipDecoder(dec, hp.text)
         text = ""          # full decoded text so far
         emitted = 0        # chars of `text` already yielded
         max_stop = max((len(s) for s in stop_strings), default=0)
@@ -288,6 +336,21 @@ class Engine:
                       res.prompt_tokens, res.reused_tokens, len(res.token_ids), res.finish_reason, res.prefill_ms,
                       res.decode_tok_s)
 
+    def _healed_loop(self, slot, token, pos, steps, sampling, stop, cancel, gen, con) -> Iterator[int]:
+        """decode_loop's contract (feed `token` at `pos`, yield up to `steps` tokens) with the healing constraint
+        on the steps until the removed text is spelled out."""
+        i = 0
+        while not con.done and i < steps:
+            if cancel is not None and cancel.is_set():
+                return
+            logits = self.backend.decode(slot, token, pos + i)
+            token = sample(con.mask(logits), sampling, gen)
+            con.advance(token)
+            i += 1
+            yield token
+        if i < steps:
+            yield from self.backend.decode_loop(slot, token, pos + i, steps - i, sampling, stop, cancel, gen)
+
     def complete(self, ids, **kw) -> GenerationResult:
         for _ in self.generate(ids, **kw):
             pass
@@ -345,12 +408,13 @@ class Engine:
             "backend": self.backend.name, "backend_reason": self.backend_reason, "device": str(self.model.device),
             "dtype": str(self.model.dtype).replace("torch.", ""), "model": self.name or self.config.name,
             "params": self.model.n_params(), "kv_slots": c.n_slots, "max_seq_len": self.max_seq_len,
-            "threads": torch.get_num_threads(),
+            "threads": torch.get_num_threads(), "tp": self.tp, "tp_mode": self.tp_mode,
             "prefill_ms_last": self._prefill_ms_last, "decode_tok_s_last": self._decode_tok_s_last,
             "cache": {"hits": c.hits, "misses": c.misses, "reused_tokens": c.reused_tokens,
                       "prefilled_tokens": c.prefilled_tokens},
             "kv_cache_mb": round(c.nbytes() / 2**20, 1),
             "generations": self._generations, "cancellations": self._cancellations, "scores": self._scores,
+            "healing": dict(self._heal),
             "backend_stats": self._backend_stats(), "backend_detail": self.backend.describe(),
         }
 
