@@ -14,11 +14,3 @@ def tiny_llama(tmp_path_factory):
     return make_tiny_checkpoint(tmp_path_factory.mktemp("tiny_llama"), arch="llama", seed=2,
                                 tie_word_embeddings=False)
 
-
-@pytest.fixture(autouse=True)
-def _threads():
-    # Small ops are dominated by OpenMP hand-offs on a shared 2-core machine; one thread keeps tests quick.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
