@@ -1,6 +1,7 @@
 #!/bin/bash
-# One device call for the monokernel: build, SASS sanity, smoke/bisect, GPU tests, decode bench. Logs in $OUT.
-#   BENCH_ARGS="--peer none" TEST_TIMEOUT=300 BENCH_TIMEOUT=240 bash bench/device_run.sh
+# One device call for the single-GPU work: build, SASS sanity, smoke/bisect, every GPU test (tests/gpu), the decode
+# bench, and with EDITOR=1 the prefill bench and the GPU editor loop. Logs in $OUT, a short summary on stdout.
+#   BENCH_ARGS="--peer none" TEST_TIMEOUT=300 BENCH_TIMEOUT=240 EDITOR=1 bash bench/device_run.sh
 set -o pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 KOG_KERNELS_CACHE=/tmp/kcache
 OUT=${OUT:-/tmp/mk_out}
@@ -26,11 +27,18 @@ if ! timeout 90 python3 bench/mk_smoke.py > "$OUT/smoke.log" 2>&1; then
 fi
 tail -12 "$OUT/smoke.log"
 echo "smoke done at $(( $(date +%s) - t0 )) s"
-timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -s -rA -p no:cacheprovider tests/gpu/test_monokernel.py \
+timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -s -rA -p no:cacheprovider tests/gpu \
   ${TEST_ARGS} > "$OUT/tests.log" 2>&1
 grep -E "^(PASSED|FAILED|ERROR)|rel L2|cancel:|passed|failed|Error:|assert" "$OUT/tests.log" | head -40
 echo "tests done at $(( $(date +%s) - t0 )) s"
 timeout "${BENCH_TIMEOUT:-240}" python3 bench/decode.py ${BENCH_ARGS} > "$OUT/bench.log" 2>&1
 grep -E "skipped|Error|error" "$OUT/bench.log" | head -8
 tail -n 6 "$OUT/bench.log"
+echo "decode bench done at $(( $(date +%s) - t0 )) s"
+if [ -n "$EDITOR" ]; then
+  timeout 120 python3 bench/prefill.py > "$OUT/prefill.log" 2>&1; tail -n 9 "$OUT/prefill.log" | grep -v '^{'
+  timeout "${EDITOR_TIMEOUT:-240}" python3 bench/editor_loop.py --mode engine --device cuda \
+    --random-shape qwen2.5-coder-1.5b --max-tokens 16 ${EDITOR_ARGS} > "$OUT/editor.log" 2>&1
+  tail -n 8 "$OUT/editor.log" | grep -v '^{"kind"'
+fi
 echo "all done at $(( $(date +%s) - t0 )) s"

@@ -319,6 +319,8 @@ def replay_engine(args, traces) -> dict:
     t0 = time.perf_counter()
     engine = build_engine(args)
     load_s = time.perf_counter() - t0
+    print(f"engine ready in {load_s:.1f} s: {engine.stats().get('backend')}; replaying {len(traces)} traces",
+          file=sys.stderr, flush=True)
     worker = eng.EngineWorker(engine)
     tok = engine.tokenizer
     stop_ids = stop_ids_for(tok)
