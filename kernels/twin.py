@@ -70,10 +70,11 @@ class Twin:
     def run(self, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int, token: int, pos0: int, n_steps: int,
             temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, stop_ids=(), forced=None,
             cancel_at_step: int | None = None, order_seed: int = 0, valid_len: int | None = None,
-            capture: dict | None = None) -> TwinResult:
+            capture: dict | None = None, attn_min_pos: int = 64) -> TwinResult:
         """k_cache/v_cache: [S, L, kvh, max_len, hd] (fp32, updated in place). forced: tokens fed at steps 1..
         (teacher forcing; forced[s] is the input of step s, forced[0] unused). valid_len: positions < valid_len
-        hold prefilled KV (default pos0). capture: filled with the final scratch buffers (x, qkv, attn, h)."""
+        hold prefilled KV (default pos0). capture: filled with the final scratch buffers (x, qkv, attn, h).
+        attn_min_pos: as Monokernel.attn_min_pos (attention uses ceil(n / attn_min_pos) of the splits)."""
         dm, sc = self.dm, self.s
         L, g, hd, S = dm.n_layers, dm.group, dm.head_dim, sc.n_splits
         qd, kvd = dm.q_dim, dm.kv_dim
@@ -173,8 +174,9 @@ class Twin:
             for sl, nm in ((qs, "q"), (ks, "k"), (vs, "v")):
                 self._expect(tags["qkv"][sl], want, nm, ins)
             n = pos + 1
-            p0, p1 = split * n // S, (split + 1) * n // S
-            if split == S - 1:   # the split holding pos appends this step's K/V
+            s_eff = max(1, min(S, -(-n // env["attn_min_pos"])))   # splits with positions (mk_attention.cuh)
+            p0, p1 = (split * n // s_eff, (split + 1) * n // s_eff) if split < s_eff else (0, 0)
+            if split == s_eff - 1:   # the split holding pos appends this step's K/V
                 k_cache[slot, layer, head, pos] = self._rope(qkv[ks].clone(), pos)
                 v_cache[slot, layer, head, pos] = qkv[vs]
                 kv_tag[layer, head, pos] = _tag(step, layer, op)
@@ -196,12 +198,13 @@ class Twin:
                 pr[:, 0], pr[:, 1], pr[:, 2:] = float("-inf"), 0.0, 0.0
             tags["part"][head * S + split] = _tag(step, layer, op)
             ctr[sig] += 1
-            if ctr[sig] == (step + 1) * S:   # last split of this head to finish: combine
+            if ctr[sig] == (step + 1) * S:   # last split of this head to finish: combine the s_eff partials
                 self._expect(tags["part"][head * S:(head + 1) * S], _tag(step, layer, op), "part", ins)
-                mx = part[head, :, :, 0].max(dim=0).values        # [g]
-                wgt = torch.exp(part[head, :, :, 0] - mx)          # [S, g]
-                num = (wgt[:, :, None] * part[head, :, :, 2:]).sum(0)
-                den = (wgt * part[head, :, :, 1]).sum(0)
+                pp = part[head, :s_eff]
+                mx = pp[:, :, 0].max(dim=0).values                 # [g]
+                wgt = torch.exp(pp[:, :, 0] - mx)                  # [s_eff, g]
+                num = (wgt[:, :, None] * pp[:, :, 2:]).sum(0)
+                den = (wgt * pp[:, :, 1]).sum(0)
                 attn[head * g * hd:(head + 1) * g * hd] = (num / den[:, None]).reshape(-1)
                 tags["attn"][head * g * hd:(head + 1) * g * hd] = _tag(step, layer, op)
                 ctr[aux] += 1

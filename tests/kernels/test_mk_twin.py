@@ -29,7 +29,8 @@ def _prefill(model, cfg, ids, slots=2):
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("n_sm", [5, 16])
-def test_teacher_forced_logits_equal_reference(shape, n_sm):
+@pytest.mark.parametrize("min_pos", [1, 3, 64])   # every split / a few splits / one split carries the positions
+def test_teacher_forced_logits_equal_reference(shape, n_sm, min_pos):
     cfg = tiny_cfg(**SHAPES[shape])
     model = tiny_model(cfg, seed=hash(shape) % 1000)
     g = torch.Generator().manual_seed(n_sm)
@@ -42,7 +43,7 @@ def test_teacher_forced_logits_equal_reference(shape, n_sm):
     sched = schedule.build(schedule.Dims.of(cfg), n_sm=n_sm)
     schedule.check(sched)
     res = Twin(model, sched, rope_inv_freq(cfg)).run(k_tw, v_tw, 1, forced[0], len(prompt), len(forced),
-                                                      forced=forced, order_seed=n_sm)
+                                                      forced=forced, order_seed=n_sm, attn_min_pos=min_pos)
     assert res.steps_run == len(forced) and res.finish == "length"
     for s in range(len(forced)):
         err = ((res.logits[s] - ref[s]).norm() / ref[s].norm()).item()
