@@ -35,8 +35,19 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", default="auto", choices=["auto", "reference", "graph", "monokernel"])
     p.add_argument("--tp", type=_positive_int, default=1, help="tensor-parallel GPUs")
     p.add_argument("--tp-mode", default="exact", choices=["exact", "delayed"])
-    p.add_argument("--threads", type=_non_negative_int, default=0,
-                   help="CPU threads for the engine (OMP/MKL); 0: torch's default")
+    p.add_argument("--threads", type=_non_negative_int, default=None,
+                   help="CPU threads for the engine (OMP/MKL); default: half the cores, 1 to 4 (the editor keeps "
+                        "the rest; more threads contend on a busy laptop); 0: torch's default")
+
+
+def engine_threads(requested: int | None, cpu_count: int | None = None) -> int | None:
+    """CPU threads for torch: requested (>= 1) as given, 0 -> None (torch's default), None -> half the cores,
+    between 1 and 4. Measured on 2 cores: 1 thread decodes the default model at 136 tok/s, 2 at 87-107 (bench/NOTES.md)."""
+    if requested == 0:
+        return None
+    if requested is not None:
+        return requested
+    return max(1, min(4, (cpu_count if cpu_count is not None else os.cpu_count() or 2) // 2))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,9 +84,11 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_demo(args)
     _setup_logging(args.log_file, args.log_level)
-    if args.threads:
+    threads = engine_threads(args.threads)
+    if threads:
         # torch reads these when it is first imported (by the model loader thread, after this).
-        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(args.threads)
+        os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(threads)
+    logging.getLogger("kog_lsp").info("engine CPU threads: %s", threads or "torch default")
     from kog_lsp.runtime import EngineOptions
     from kog_lsp.server import create_server
 

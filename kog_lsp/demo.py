@@ -53,7 +53,7 @@ def default_model_present() -> bool:
 def server_argv(model: str, device: str, backend: str, log_file: str | None = None,
                 threads: int | None = None) -> list[str]:
     argv = [sys.executable, "-m", "kog_lsp", "--model", model, "--device", device, "--backend", backend]
-    if threads:
+    if threads is not None:   # 0 passes through: torch's default
         argv += ["--threads", str(threads)]
     if log_file:
         argv += ["--log-file", log_file]

@@ -68,6 +68,15 @@ def test_cli_parsing():
             p.parse_args(bad)
 
 
+def test_engine_threads_default_leaves_the_editor_cores():
+    from kog_lsp.cli import engine_threads
+
+    assert [engine_threads(None, c) for c in (1, 2, 4, 8, 64)] == [1, 1, 2, 4, 4]
+    assert engine_threads(0, 8) is None and engine_threads(3, 2) == 3
+    assert build_parser().parse_args([]).threads is None
+    assert build_parser().parse_args(["--threads", "0"]).threads == 0
+
+
 def test_cli_version(capsys):
     from kog_lsp import __version__
 
