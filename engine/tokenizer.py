@@ -42,6 +42,9 @@ class FimTokens:
     repo_name: int | None
     eos: int | None
     pad: int | None = None
+    # Prompt order the model was made for: "psm" (prefix, suffix, middle: every public FIM model) or "spm"
+    # (suffix first, the prefix right before the middle). From tokenizer_config.json "fim_order" (default psm).
+    order: str = "psm"
 
     def marker_ids(self) -> frozenset[int]:
         """Ids that must never be generated as content of a completion."""
@@ -74,7 +77,7 @@ class Tokenizer:
             tok, "get_added_tokens_decoder") else {}
         self._added_ids = {i: c for c, i in self._added.items()}
         self.bos_id = self._detect_bos(tc)
-        self.fim = self._detect_fim()
+        self.fim = self._detect_fim(tc.get("fim_order", "psm"))
         eos = set(int(e) for e in eos_ids)
         for name in _END_TOKENS:
             i = tok.token_to_id(name)
@@ -119,14 +122,16 @@ class Tokenizer:
             return with_sp[0]
         return None
 
-    def _detect_fim(self) -> FimTokens | None:
+    def _detect_fim(self, order: str) -> FimTokens | None:
+        if order not in ("psm", "spm"):
+            raise ValueError(f"tokenizer_config.json: fim_order must be 'psm' or 'spm', not {order!r}")
         for fmt, names in _FIM_FORMATS.items():
             found = {}
             for role, cands in names.items():
                 found[role] = next((self.tok.token_to_id(c) for c in cands if self.tok.token_to_id(c) is not None),
                                    None)
             if found["prefix"] is not None and found["suffix"] is not None and found["middle"] is not None:
-                return FimTokens(format=fmt, **found)
+                return FimTokens(format=fmt, **found, order=order)
         return None
 
     def _is_byte_level(self) -> bool:

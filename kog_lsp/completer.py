@@ -200,7 +200,7 @@ class _GenerationWork:
                 break
             t0 = time.perf_counter()
             r = engine.complete(self.ids, max_new_tokens=self.max_tokens, sampling=sampling,
-                                stop_ids=self.stop_ids, cancel=cancel, stop_fn=self.stop_fn)
+                                stop_ids=self.stop_ids, cancel=cancel, stop_fn=self.stop_fn, heal=True)
             log.debug("generation: %s tokens=%d reused=%d/%d %.1f ms (%s)", repr(r.text[:40]), len(r.token_ids),
                       r.reused_tokens, r.prompt_tokens, (time.perf_counter() - t0) * 1000, r.finish_reason)
             gens.append(GenerationOut(r.text, r.finish_reason, r.prompt_tokens, r.reused_tokens,

@@ -12,6 +12,11 @@ prefix KV cache only prefills the last word + the suffix window. Two choices kee
   every time once the file is longer than the window);
 - context chunks come first, in a fixed order (see context.py).
 
+A model whose tokenizer_config.json says "fim_order": "spm" (the shipped default model: it was trained on PSM but
+finds the prefix end far better when the prefix comes last, engine/models/default/README.md) gets
+    [context ...] <fim_prefix> <fim_suffix> suffix-window <fim_middle> prefix-window
+which also keeps the suffix in the cached part of the prompt while typing.
+
 A tokenizer without FIM tokens gets a prefix-only prompt: [bos] + prefix window.
 """
 
@@ -107,7 +112,9 @@ def has_fim(tokenizer) -> bool:
 
 def prompt_format(tokenizer) -> str:
     """What completion prompts look like for this tokenizer (logged at load, reported in kog/stats)."""
-    return f"fim:{tokenizer.fim.format}" if has_fim(tokenizer) else "prefix-only (the tokenizer has no FIM tokens)"
+    if not has_fim(tokenizer):
+        return "prefix-only (the tokenizer has no FIM tokens)"
+    return f"fim:{tokenizer.fim.format}" + (":spm" if tokenizer.fim.order == "spm" else "")
 
 
 def build_prompt(tokenizer, text: str, cursor: int, *, prefix_tokens: int, suffix_tokens: int,
@@ -143,7 +150,10 @@ def build_prompt(tokenizer, text: str, cursor: int, *, prefix_tokens: int, suffi
     if context_ids and fim.file_sep is not None:
         ctx = len(context_ids)
         head = list(context_ids) + [fim.file_sep] + encode((path or "untitled") + "\n")
-    ids = head + [fim.prefix] + pre + [fim.suffix] + suf + [fim.middle]
+    if fim.order == "spm":
+        ids = head + [fim.prefix, fim.suffix] + suf + [fim.middle] + pre
+    else:
+        ids = head + [fim.prefix] + pre + [fim.suffix] + suf + [fim.middle]
     return Prompt(ids, start, len(pre), len(suf), ctx, True)
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from corpus import build_corpus  # noqa: E402
-from fim_data import FimIds, build_specs, pack_aligned, tokenize_specs  # noqa: E402
+from fim_data import FimIds, build_specs, pack_aligned, pretoken_snapper, tokenize_specs  # noqa: E402
 from train_tokenizer import save_tokenizer, train_tokenizer  # noqa: E402
 
 SCALES = {
@@ -42,9 +42,15 @@ SCALES = {
 PHASES = {
     "pretrain": dict(fim_rate=0.5, span_mix=(0.45, 0.25), seed_offset=0, max_suffix_chars=None, aligned=False),
     "fim": dict(fim_rate=0.9, span_mix=(0.60, 0.25), seed_offset=1, max_suffix_chars=None, aligned=False),
-    # Not run on the GPU yet (see engine/models/default/README.md), the recommended next step: FIM samples
-    # never straddle a training window (pack_aligned) and suffixes are cut to about the server's window.
+    # Run once for 100 s (README): FIM samples never straddle a training window (pack_aligned) and suffixes are
+    # cut to about the server's window; slightly worse than the shipped model.
     "fim-short": dict(fim_rate=0.8, span_mix=(0.60, 0.25), seed_offset=2, max_suffix_chars=900, aligned=True),
+    # Not run on the GPU yet (README "Next training step"): half the FIM samples in SPM order, where the prefix end
+    # sits right before the middle (the shipped model predicts a masked line *worse* with a suffix than without
+    # one: it does not find the prefix end across the suffix in PSM); every middle starts on a pre-token
+    # boundary (what the engine's token healing serves); aligned packing; suffix cut to the server's window.
+    "fim-spm": dict(fim_rate=0.9, span_mix=(0.60, 0.25), seed_offset=3, max_suffix_chars=900, aligned=True,
+                    snap=True, spm_rate=0.5),
 }
 SMALL_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                "model.safetensors.index.json", "metrics.json", "corpus_manifest.json")
@@ -73,7 +79,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--deadline-s", type=float, default=560.0, help="whole-run budget; training stops early to fit")
     ap.add_argument("--train-seconds", type=float, default=330.0, help="pretrain phase budget")
     ap.add_argument("--fim-seconds", type=float, default=110.0, help="fim phase budget")
-    ap.add_argument("--phase", choices=("all", "pretrain", "fim", "fim-short"), default="all",
+    ap.add_argument("--phase", choices=("all", "pretrain", "fim", "fim-short", "fim-spm"), default="all",
                     help="all = pretrain then fim in one run")
     ap.add_argument("--init-from", type=Path, help="start from this model dir (its tokenizer is kept)")
     ap.add_argument("--fim-max-steps", type=int, help="override the fim phase step count (reproduce a run)")
@@ -118,7 +124,8 @@ def main(argv=None) -> dict:
         step = max(1, int(manifest["train_bytes"] / S["tok_bytes"]))
         sample = [d.text for d in train_docs[::step]]
         tok = train_tokenizer(sample, vocab_size=S["vocab"])
-        save_tokenizer(tok, out)
+        # SPM: the PSM-trained model finds the prefix end far better when the prefix comes last (README.md).
+        save_tokenizer(tok, out, fim_order="spm")
         log(f"tokenizer: vocab {tok.get_vocab_size()} from {sum(map(len, sample))/1e6:.1f} MB in {time.time()-t:.1f}s")
     ids = FimIds.from_tokenizer(tok)
 
@@ -140,7 +147,7 @@ def main(argv=None) -> dict:
         f"{config.num_attention_heads}q/{config.num_key_value_heads}kv vocab {config.vocab_size}: {n_params/1e6:.2f}M params")
 
     # 4. training phases: FIM / plain samples packed into one token stream each
-    reserve = 35.0 if a.scale == "full" else 5.0          # save + eval time kept back from the deadline
+    reserve = 120.0 if a.scale == "full" else 5.0         # save + eval (ppl + up to 10 line-task runs) kept back
     phases = ["pretrain", "fim"] if a.phase == "all" else [a.phase]
     stats_list = []
     for ph in phases:
@@ -152,7 +159,9 @@ def main(argv=None) -> dict:
         else:
             lo, hi = S["fim_window"]
             specs = build_specs(train_docs, ids, a.seed + P["seed_offset"], hi, P["fim_rate"],
-                                min_window_chars=lo, span_mix=P["span_mix"], max_suffix_chars=P["max_suffix_chars"])
+                                min_window_chars=lo, span_mix=P["span_mix"], max_suffix_chars=P["max_suffix_chars"],
+                                snap=pretoken_snapper(tok) if P.get("snap") else None,
+                                spm_rate=P.get("spm_rate", 0.0))
         loss_mask, note = None, ""
         if P["aligned"]:
             stream, loss_mask, dropped = pack_aligned(specs, tok, S["seq_len"], ids.middle, ids.eos)
@@ -175,7 +184,7 @@ def main(argv=None) -> dict:
                    seed=a.seed + P["seed_offset"], train_seconds=budget, max_steps=steps, peak_lr=lr,
                    warmup=warm, loss_mask=loss_mask, log=log)
         st.update(phase=ph, fim_rate=P["fim_rate"], span_mix=P["span_mix"], max_suffix_chars=P["max_suffix_chars"],
-                  aligned=P["aligned"])
+                  aligned=P["aligned"], snap=bool(P.get("snap")), spm_rate=P.get("spm_rate", 0.0))
         stats_list.append(st)
         log(f"train[{ph}]: done {st['steps']} steps, {st['tokens_trained']/1e6:.1f}M tokens, "
             f"{st['epochs']} epochs, {st['train_wall_s']}s, final loss {st['final_loss']}")
@@ -204,6 +213,20 @@ def main(argv=None) -> dict:
         ppl = perplexity(model, tok, eval_docs, seq_len=S["seq_len"], max_tokens=S["ppl_tokens"],
                          device=a.device, eos_id=ids.eos)
         lines = line_tasks(model, tok, eval_docs, n=S["eval_lines"], seed=a.seed, device=a.device, fim_ids=ids)
+        # The same lines with the cursor after the indentation (an editor after Enter) and mid-line, each with
+        # and without token healing (what the server does with generate(heal=True)).
+        # SPM prompts too once any phase of this model trained them.
+        lines["variants"] = []
+        orders = ["psm"] + (["spm"] if any(p.get("spm_rate") for p in prior_phases + stats_list) else [])
+        todo = [(o, v, h) for o in orders for v, h in (("line", False), ("indent", False), ("indent", True),
+                                                       ("mid", False), ("mid", True))]
+        for order, variant, heal in todo[1:]:
+            r = line_tasks(model, tok, eval_docs, n=S["eval_lines"], seed=a.seed, device=a.device, fim_ids=ids,
+                           variant=variant, heal=heal, order=order)
+            lines["variants"].append({k: r[k] for k in ("order", "variant", "heal", "fim_line_exact_match",
+                                                        "next_line_exact_match", "healed_fim_prompts")})
+            log(f"eval[{order}, {variant}, heal={heal}]: fim_em {r['fim_line_exact_match']} "
+                f"next_line_em {r['next_line_exact_match']}")
     except Exception as exc:                                 # keep the trained model; eval can be rerun
         import traceback
         log("eval FAILED:\n" + traceback.format_exc())

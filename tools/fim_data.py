@@ -43,11 +43,41 @@ def split_windows(text: str, max_chars: int) -> list[str]:
     return out
 
 
+def pretoken_snapper(tok):
+    """-> snap(text, k): the largest pre-token start <= k (tok's pre-tokenizer run on a few lines around k: from
+    the start of the line holding the last non-blank character before k -- a pre-token with a letter, digit or
+    punctuation mark never starts on an earlier line, while newline runs can merge across blank lines -- to the
+    end of k's line).
+
+    A middle that starts on a pre-token boundary makes prefix tokens + middle tokens exactly the tokens of the
+    whole text: the FIM sample reads like the plain text the model also learns from, and the cursor positions
+    match what the engine's token healing serves (engine/healing.py cuts the prompt back to such a boundary and
+    the first middle token re-spells the cut text)."""
+    pre = tok.pre_tokenizer
+
+    def snap(text: str, k: int) -> int:
+        j = k - 1
+        while j >= 0 and text[j].isspace():
+            j -= 1
+        ls = text.rfind("\n", 0, max(j, 0)) + 1 if j >= 0 else 0
+        le = text.find("\n", k)
+        le = len(text) if le < 0 else le + 1
+        best = ls
+        for _, (a, _) in pre.pre_tokenize_str(text[ls:le]):
+            if ls + a > k:
+                break
+            best = ls + a
+        return best
+
+    return snap
+
+
 def choose_fim_span(text: str, rng: random.Random, p_line: float = 0.45,
-                    p_block: float = 0.25) -> tuple[int, int]:
+                    p_block: float = 0.25, snap=None) -> tuple[int, int]:
     """-> (start, end) character offsets of the middle: p_line one line, p_block a 2-8 line block,
     the rest a random span. Line spans start at the line start or at a random point after the
-    indentation (cursor mid-line) and end at the line end, usually including the newline."""
+    indentation (cursor mid-line) and end at the line end, usually including the newline.
+    snap: pretoken_snapper(tok) or None; moves the start back to a pre-token boundary."""
     lines = text.splitlines(keepends=True)
     starts = np.cumsum([0] + [len(l) for l in lines]).tolist()
     nonblank = [i for i, l in enumerate(lines) if l.strip()]
@@ -65,8 +95,12 @@ def choose_fim_span(text: str, rng: random.Random, p_line: float = 0.45,
         e = starts[j] + len(end_line)
         if rng.random() < 0.25 and end_line.endswith("\n"):
             e -= 1
+        if snap is not None:
+            s = snap(text, s)
         return s, max(s, e)
     a, b = sorted(rng.randint(0, len(text)) for _ in range(2))
+    if snap is not None:
+        a = snap(text, a)
     return a, b
 
 
@@ -78,8 +112,10 @@ class SampleSpec:
 
 def make_sample(text: str, path: str, rng: random.Random, ids: FimIds, fim_rate: float = 0.5,
                 context: list[tuple[str, str]] | None = None, span_mix: tuple[float, float] = (0.45, 0.25),
-                max_suffix_chars: int | None = None) -> SampleSpec:
+                max_suffix_chars: int | None = None, snap=None, spm_rate: float = 0.0) -> SampleSpec:
     """text: one window of a file; context: (path, snippet) of other files of the same package or None.
+    spm_rate: share of FIM samples in SPM order  <|fim_prefix|><|fim_suffix|>S<|fim_middle|>P M<|endoftext|>
+    (the rest PSM).
     max_suffix_chars: when set, a FIM suffix is cut to a random length in [0, max_suffix_chars] at a line
     end, as the server sends only a short window after the cursor (suffixTokens=256); a short suffix
     also puts the prefix end close to <|fim_middle|>, which a small model finds much sooner."""
@@ -89,13 +125,18 @@ def make_sample(text: str, path: str, rng: random.Random, ids: FimIds, fim_rate:
             parts += [ids.file_sep, f"{cpath}\n{snippet.rstrip()}\n"]
         parts += [ids.file_sep, f"{path}\n"]
     if rng.random() < fim_rate and len(text) > 10:
-        s, e = choose_fim_span(text, rng, *span_mix)
+        s, e = choose_fim_span(text, rng, *span_mix, snap=snap)
         suffix = text[e:]
         if max_suffix_chars is not None and len(suffix) > max_suffix_chars:
             cut = suffix[: rng.randint(0, max_suffix_chars)]
             nl = cut.rfind("\n")
             suffix = cut[: nl + 1] if nl >= 0 else ""
-        parts += [ids.prefix, text[:s], ids.suffix, suffix, ids.middle, text[s:e], ids.eos]
+        if spm_rate > 0 and rng.random() < spm_rate:   # no draw at 0: older phases keep their data
+            # SPM order (StarCoder / the FIM paper): the prefix sits right before the middle, so "where am I"
+            # is the previous token instead of a lookup across the whole suffix.
+            parts += [ids.prefix, ids.suffix, suffix, ids.middle, text[:s], text[s:e], ids.eos]
+        else:
+            parts += [ids.prefix, text[:s], ids.suffix, suffix, ids.middle, text[s:e], ids.eos]
     else:
         parts += [text, ids.eos]
     return SampleSpec(parts)
@@ -104,10 +145,11 @@ def make_sample(text: str, path: str, rng: random.Random, ids: FimIds, fim_rate:
 def build_specs(docs, ids: FimIds, seed: int, window_chars: int, fim_rate: float = 0.5,
                 context_rate: float = 0.15, min_window_chars: int | None = None,
                 span_mix: tuple[float, float] = (0.45, 0.25),
-                max_suffix_chars: int | None = None) -> list[SampleSpec]:
+                max_suffix_chars: int | None = None, snap=None, spm_rate: float = 0.0) -> list[SampleSpec]:
     """docs: iterable of corpus.Document. Deterministic for a given seed and document order.
     min_window_chars: when set, each file is cut into windows of a random size in
-    [min_window_chars, window_chars], so short FIM samples (one cursor each) are more frequent."""
+    [min_window_chars, window_chars], so short FIM samples (one cursor each) are more frequent.
+    snap: pretoken_snapper(tok) to start every middle on a pre-token boundary."""
     rng = random.Random(seed)
     by_pkg: dict[str, list] = {}
     for d in docs:
@@ -125,7 +167,8 @@ def build_specs(docs, ids: FimIds, seed: int, window_chars: int, fim_rate: float
                         if o is not d:
                             snip = split_windows(o.text, window_chars // 4)[0]
                             ctx.append((o.path, snip))
-                specs.append(make_sample(w, d.path, rng, ids, fim_rate, ctx or None, span_mix, max_suffix_chars))
+                specs.append(make_sample(w, d.path, rng, ids, fim_rate, ctx or None, span_mix, max_suffix_chars,
+                                         snap, spm_rate))
     rng.shuffle(specs)
     return specs
 

@@ -47,8 +47,9 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 12288, min_frequency
     return tok
 
 
-def save_tokenizer(tok: Tokenizer, out_dir: Path, model_max_length: int = 4096) -> None:
-    """Writes tokenizer.json and a tokenizer_config.json that HF AutoTokenizer loads as a fast tokenizer."""
+def save_tokenizer(tok: Tokenizer, out_dir: Path, model_max_length: int = 4096, fim_order: str = "psm") -> None:
+    """Writes tokenizer.json and a tokenizer_config.json that HF AutoTokenizer loads as a fast tokenizer.
+    fim_order: the FIM prompt order the engine and server should use ("psm" or "spm", see kog_lsp/fim.py)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
@@ -65,5 +66,6 @@ def save_tokenizer(tok: Tokenizer, out_dir: Path, model_max_length: int = 4096) 
         "clean_up_tokenization_spaces": False,
         "model_max_length": model_max_length,
         "split_special_tokens": False,
+        "fim_order": fim_order,
     }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))

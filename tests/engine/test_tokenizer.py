@@ -29,6 +29,23 @@ def test_qwen_fim_and_eos(tiny_qwen):
     assert 400 <= t.vocab_size <= 600
 
 
+def test_fim_order_from_tokenizer_config(tiny_qwen, tmp_path):
+    import json
+    import shutil
+
+    assert Tokenizer.from_dir(tiny_qwen).fim.order == "psm"   # the default: every public FIM model
+    d = tmp_path / "tok"
+    shutil.copytree(tiny_qwen, d)
+    tc = json.loads((d / "tokenizer_config.json").read_text())
+    for order, ok in (("spm", True), ("middle-first", False)):
+        (d / "tokenizer_config.json").write_text(json.dumps({**tc, "fim_order": order}))
+        if ok:
+            assert Tokenizer.from_dir(d).fim.order == order
+        else:
+            with pytest.raises(ValueError, match="fim_order"):
+                Tokenizer.from_dir(d)
+
+
 def test_llama_bos(tiny_llama):
     t = Tokenizer.from_dir(tiny_llama)
     assert t.bos_id == t.token_to_id("<|begin_of_text|>")

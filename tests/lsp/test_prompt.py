@@ -69,6 +69,39 @@ def test_prompt_format_names_the_fim_format(tiny_tokenizer):
     assert prompt_format(tiny_tokenizer) == "fim:qwen"
 
 
+def test_spm_order_puts_the_prefix_last_and_keeps_the_suffix_cached(tiny_tokenizer):
+    """fim_order "spm" (the shipped default model): <prefix><suffix> suffix <middle> prefix. Typing at the cursor
+    only appends to the prompt, so the whole earlier prompt (suffix included) stays a cached prefix."""
+    import dataclasses
+
+    tok = tiny_tokenizer
+    spm = dataclasses.replace(tok.fim, order="spm")
+    orig = tok.fim
+    tok.fim = spm
+    try:
+        text = "import os\n\ndef main():\n    print(os.getcwd())\n"
+        cur = text.index("print") + len("pri")
+        p = build_prompt(tok, text, cur, prefix_tokens=512, suffix_tokens=64)
+        assert p.ids[:2] == [spm.prefix, spm.suffix]
+        i_mid = p.ids.index(spm.middle)
+        assert tok.decode(p.ids[2:i_mid]) == text[cur:]
+        assert tok.decode(p.ids[i_mid + 1:]) == text[:cur]
+        assert prompt_format(tok) == "fim:qwen:spm"
+        typed = text[:cur] + "n" + text[cur:]
+        q = build_prompt(tok, typed, cur + 1, prefix_tokens=512, suffix_tokens=64)
+        same = next(i for i, (a, b) in enumerate(zip(p.ids + [None], q.ids)) if a != b)
+        assert same >= i_mid + 1   # only the prefix's last token(s) change
+    finally:
+        tok.fim = orig
+
+
+def test_shipped_default_model_asks_for_spm():
+    from engine.engine import DEFAULT_MODEL_DIR
+    from engine.tokenizer import Tokenizer
+
+    assert Tokenizer.from_dir(DEFAULT_MODEL_DIR).fim.order == "spm"
+
+
 def test_stop_ids_include_fim_markers(tiny_tokenizer):
     ids = stop_ids_for(tiny_tokenizer)
     fim = tiny_tokenizer.fim
