@@ -27,95 +27,95 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int step, int pos, float*
     float* sq = sm;                               // [MAX_GROUP][HD] rotated, scaled q
     float* sw = sm + MK_MAX_GROUP * HD;           // [NW][g][HD + 2] per-warp partials
     if (split < S_eff) {   // CTA-uniform: the barriers inside are safe
-    for (int e = threadIdx.x; e < g * HD; e += NT) {
-        const int j = e / HD, i = e - j * HD;
-        const float* q = p.qkv + (size_t)(head * g + j) * HD;
-        const float a = mk_ld_cg(q + i), b = mk_ld_cg(q + (i < HALF ? i + HALF : i - HALF));
-        float s, c;
-        sincosf((float)pos * p.inv_freq[i % HALF], &s, &c);
-        sq[e] = (i < HALF ? a * c - b * s : a * c + b * s) * p.attn_scale;
-    }
-    if (split == S_eff - 1) {
-        const float* k = p.qkv + p.q_dim + head * HD;
-        const float* v = p.qkv + p.q_dim + p.kv_dim + head * HD;
-        for (int i = threadIdx.x; i < HD; i += NT) {
-            const float a = mk_ld_cg(k + i), b = mk_ld_cg(k + (i < HALF ? i + HALF : i - HALF));
+        for (int e = threadIdx.x; e < g * HD; e += NT) {
+            const int j = e / HD, i = e - j * HD;
+            const float* q = p.qkv + (size_t)(head * g + j) * HD;
+            const float a = mk_ld_cg(q + i), b = mk_ld_cg(q + (i < HALF ? i + HALF : i - HALF));
             float s, c;
             sincosf((float)pos * p.inv_freq[i % HALF], &s, &c);
-            kc[(size_t)pos * HD + i] = mk_f2bf(i < HALF ? a * c - b * s : a * c + b * s);
-            vc[(size_t)pos * HD + i] = mk_f2bf(mk_ld_cg(v + i));
+            sq[e] = (i < HALF ? a * c - b * s : a * c + b * s) * p.attn_scale;
         }
-    }
-    __syncthreads();
-    // q stays in shared memory (read per position, conflict-free): registers go to the accumulators.
-    float acc[MK_MAX_GROUP][DPL], mx[MK_MAX_GROUP], l[MK_MAX_GROUP];
-    const float* ql = sq + lane * DPL;
-#pragma unroll
-    for (int j = 0; j < MK_MAX_GROUP; ++j) {
-        mx[j] = -INFINITY;
-        l[j] = 0.f;
-#pragma unroll
-        for (int t = 0; t < DPL; ++t) acc[j][t] = 0.f;
-    }
-    for (int pp = p0 + warp; pp < p1; pp += NW) {
-        float kf[DPL], vf[DPL];
-        const mk_bf16* kr = kc + (size_t)pp * HD + lane * DPL;
-        const mk_bf16* vr = vc + (size_t)pp * HD + lane * DPL;
-        if (DPL == 2) {
-            const unsigned ku = mk_ld_cg_u32(kr), vu = mk_ld_cg_u32(vr);
-            kf[0] = __uint_as_float(ku << 16); kf[1] = __uint_as_float(ku & 0xffff0000u);
-            vf[0] = __uint_as_float(vu << 16); vf[1] = __uint_as_float(vu & 0xffff0000u);
-        } else {
-            const uint2 ku = mk_ld_cg_u64(kr), vu = mk_ld_cg_u64(vr);
-            kf[0] = __uint_as_float(ku.x << 16); kf[1] = __uint_as_float(ku.x & 0xffff0000u);
-            kf[DPL > 2 ? 2 : 0] = __uint_as_float(ku.y << 16); kf[DPL - 1] = __uint_as_float(ku.y & 0xffff0000u);
-            vf[0] = __uint_as_float(vu.x << 16); vf[1] = __uint_as_float(vu.x & 0xffff0000u);
-            vf[DPL > 2 ? 2 : 0] = __uint_as_float(vu.y << 16); vf[DPL - 1] = __uint_as_float(vu.y & 0xffff0000u);
+        if (split == S_eff - 1) {
+            const float* k = p.qkv + p.q_dim + head * HD;
+            const float* v = p.qkv + p.q_dim + p.kv_dim + head * HD;
+            for (int i = threadIdx.x; i < HD; i += NT) {
+                const float a = mk_ld_cg(k + i), b = mk_ld_cg(k + (i < HALF ? i + HALF : i - HALF));
+                float s, c;
+                sincosf((float)pos * p.inv_freq[i % HALF], &s, &c);
+                kc[(size_t)pos * HD + i] = mk_f2bf(i < HALF ? a * c - b * s : a * c + b * s);
+                vc[(size_t)pos * HD + i] = mk_f2bf(mk_ld_cg(v + i));
+            }
         }
-#pragma unroll
+        __syncthreads();
+        // q stays in shared memory (read per position, conflict-free): registers go to the accumulators.
+        float acc[MK_MAX_GROUP][DPL], mx[MK_MAX_GROUP], l[MK_MAX_GROUP];
+        const float* ql = sq + lane * DPL;
+    #pragma unroll
+        for (int j = 0; j < MK_MAX_GROUP; ++j) {
+            mx[j] = -INFINITY;
+            l[j] = 0.f;
+    #pragma unroll
+            for (int t = 0; t < DPL; ++t) acc[j][t] = 0.f;
+        }
+        for (int pp = p0 + warp; pp < p1; pp += NW) {
+            float kf[DPL], vf[DPL];
+            const mk_bf16* kr = kc + (size_t)pp * HD + lane * DPL;
+            const mk_bf16* vr = vc + (size_t)pp * HD + lane * DPL;
+            if (DPL == 2) {
+                const unsigned ku = mk_ld_cg_u32(kr), vu = mk_ld_cg_u32(vr);
+                kf[0] = __uint_as_float(ku << 16); kf[1] = __uint_as_float(ku & 0xffff0000u);
+                vf[0] = __uint_as_float(vu << 16); vf[1] = __uint_as_float(vu & 0xffff0000u);
+            } else {
+                const uint2 ku = mk_ld_cg_u64(kr), vu = mk_ld_cg_u64(vr);
+                kf[0] = __uint_as_float(ku.x << 16); kf[1] = __uint_as_float(ku.x & 0xffff0000u);
+                kf[DPL > 2 ? 2 : 0] = __uint_as_float(ku.y << 16); kf[DPL - 1] = __uint_as_float(ku.y & 0xffff0000u);
+                vf[0] = __uint_as_float(vu.x << 16); vf[1] = __uint_as_float(vu.x & 0xffff0000u);
+                vf[DPL > 2 ? 2 : 0] = __uint_as_float(vu.y << 16); vf[DPL - 1] = __uint_as_float(vu.y & 0xffff0000u);
+            }
+    #pragma unroll
+            for (int j = 0; j < MK_MAX_GROUP; ++j) {
+                if (j < g) {
+                    float s = 0.f;
+    #pragma unroll
+                    for (int t = 0; t < DPL; ++t) s += ql[j * HD + t] * kf[t];
+                    s = warp_sum(s);
+                    const float mn = fmaxf(mx[j], s);
+                    const float corr = expf(mx[j] - mn), e = expf(s - mn);
+                    l[j] = l[j] * corr + e;
+    #pragma unroll
+                    for (int t = 0; t < DPL; ++t) acc[j][t] = acc[j][t] * corr + e * vf[t];
+                    mx[j] = mn;
+                }
+            }
+        }
+    #pragma unroll
         for (int j = 0; j < MK_MAX_GROUP; ++j) {
             if (j < g) {
-                float s = 0.f;
-#pragma unroll
-                for (int t = 0; t < DPL; ++t) s += ql[j * HD + t] * kf[t];
-                s = warp_sum(s);
-                const float mn = fmaxf(mx[j], s);
-                const float corr = expf(mx[j] - mn), e = expf(s - mn);
-                l[j] = l[j] * corr + e;
-#pragma unroll
-                for (int t = 0; t < DPL; ++t) acc[j][t] = acc[j][t] * corr + e * vf[t];
-                mx[j] = mn;
+                float* o = sw + (size_t)(warp * g + j) * (HD + 2);
+    #pragma unroll
+                for (int t = 0; t < DPL; ++t) o[2 + lane * DPL + t] = acc[j][t];
+                if (lane == 0) { o[0] = mx[j]; o[1] = l[j]; }
             }
         }
-    }
-#pragma unroll
-    for (int j = 0; j < MK_MAX_GROUP; ++j) {
-        if (j < g) {
-            float* o = sw + (size_t)(warp * g + j) * (HD + 2);
-#pragma unroll
-            for (int t = 0; t < DPL; ++t) o[2 + lane * DPL + t] = acc[j][t];
-            if (lane == 0) { o[0] = mx[j]; o[1] = l[j]; }
-        }
-    }
-    __syncthreads();
-    float* part = p.part + (size_t)(head * S + split) * g * (HD + 2);
-    for (int e = threadIdx.x; e < g * HD; e += NT) {
-        const int j = e / HD, i = e - j * HD;
-        float M = -INFINITY;
-        for (int w = 0; w < NW; ++w) M = fmaxf(M, sw[(w * g + j) * (HD + 2)]);
-        float num = 0.f, den = 0.f;
-        if (M > -INFINITY) {
-            for (int w = 0; w < NW; ++w) {
-                const float* o = sw + (size_t)(w * g + j) * (HD + 2);
-                const float c = expf(o[0] - M);
-                num += c * o[2 + i];
-                den += c * o[1];
+        __syncthreads();
+        float* part = p.part + (size_t)(head * S + split) * g * (HD + 2);
+        for (int e = threadIdx.x; e < g * HD; e += NT) {
+            const int j = e / HD, i = e - j * HD;
+            float M = -INFINITY;
+            for (int w = 0; w < NW; ++w) M = fmaxf(M, sw[(w * g + j) * (HD + 2)]);
+            float num = 0.f, den = 0.f;
+            if (M > -INFINITY) {
+                for (int w = 0; w < NW; ++w) {
+                    const float* o = sw + (size_t)(w * g + j) * (HD + 2);
+                    const float c = expf(o[0] - M);
+                    num += c * o[2 + i];
+                    den += c * o[1];
+                }
             }
+            part[j * (HD + 2) + 2 + i] = num;
+            if (i == 0) { part[j * (HD + 2)] = M; part[j * (HD + 2) + 1] = den; }
         }
-        part[j * (HD + 2) + 2 + i] = num;
-        if (i == 0) { part[j * (HD + 2)] = M; part[j * (HD + 2) + 1] = den; }
-    }
-    __syncthreads();
+        __syncthreads();
     }   // split < S_eff
     if (threadIdx.x == 0) {   // acq_rel: publishes this partial, and the last taker sees every other one
         const unsigned old = mk_atom_acq_rel(p.ctr + ins[MK_F_SIG_CTR], 1u);
