@@ -8,7 +8,8 @@ For each stage (layer, op) this derives:
   spread = last - median signal time of the stage (how much the slowest CTA holds everyone up)
 and, per matvec instruction (medians over the stage's instructions): prep = inputs ready -> matvec start
 (norm / vector loads), mv = matvec start -> signalled (weights + epilogue; mv_max the slowest). For ATTN the
-"matvec start" stamp is the split's ticket: prep = the partial, mv_max = the last finisher's combine.
+"matvec start" stamp is the split's ticket: prep = the partial, mv_max = the last finisher's combine; the slowest split's partial is
+also cut into q (+ rope, K/V append), the position loop, and the merge of the warps' results up to the ticket.
 Per op these are averaged over layers; hop + span summed over a layer's stages is the layer's critical path.
 """
 from __future__ import annotations
@@ -37,6 +38,10 @@ def stage_table(records: list[dict], op_names: dict[int, str]) -> dict:
         done = dones[-1]
         d = per_op.setdefault(op_names[rs[0]["op"]], {"hop_us": [], "span_us": [], "spread_us": [], "prep_us": [],
                                                        "prep_max_us": [], "mv_us": [], "mv_max_us": []})
+        att = [r for r in rs if r.get("t_q") is not None and r.get("t_loop") is not None]
+        if att:   # ATTN splits with positions: q + rope, the position loop, the in-CTA merge up to the ticket
+            for k, a, b in (("q_us", "t_ready", "t_q"), ("loop_us", "t_q", "t_loop"), ("merge_us", "t_loop", "t_mv")):
+                d.setdefault(k, []).append(max(r[b] - r[a] for r in att if r[b] is not None) / 1e3)
         mv = [r for r in rs if r.get("t_mv") is not None]
         if mv:
             d["prep_us"].append(statistics.median(r["t_mv"] - r["t_ready"] for r in mv) / 1e3)
@@ -64,6 +69,8 @@ def format_table(name: str, tab: dict) -> str:
             t = tab[op]
             lines.append(f"  {op:<7} hop {t['hop_us']:6.2f}  span {t['span_us']:6.2f}  spread {t['spread_us']:6.2f}"
                          f"  | prep {t['prep_us']:5.2f} (max {t['prep_max_us']:5.2f})"
-                         f"  mv {t['mv_us']:6.2f} (max {t['mv_max_us']:6.2f})")
+                         f"  mv {t['mv_us']:6.2f} (max {t['mv_max_us']:6.2f})"
+                         + (f"  | slowest split: q {t['q_us']:.2f} loop {t['loop_us']:.2f} merge {t['merge_us']:.2f}"
+                            if "loop_us" in t else ""))
     lines.append(f"  layer critical path {tab['layer_us']:.2f} us; traced step {tab['step_us']:.1f} us")
     return "\n".join(lines)

@@ -100,8 +100,9 @@ HOST_COUNT, HOST_DONE, HOST_REASON = 0, 1, 2
 HOST_WD_BLOCK, HOST_WD_CTR, HOST_WD_TARGET, HOST_WD_VALUE, HOST_WD_STEP = 3, 4, 5, 6, 7
 HOST_WORDS = 8
 # Trace record per instruction (globaltimer ns): wait start, inputs ready, outputs signalled, and the matvec's
-# start (after its norm / vector load) or, for ATTN, the split's ticket. bench/mk_trace.py reads them.
-TRACE_WORDS = 4
+# start (after its norm / vector load) or, for ATTN, the split's ticket; ATTN splits with positions also stamp
+# q ready (word 4) and their position loop done (word 5). bench/mk_trace.py reads them.
+TRACE_WORDS = 6
 REASONS = {1: "length", 2: "stop", 3: "cancelled", 4: "watchdog"}
 
 

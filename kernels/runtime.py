@@ -238,8 +238,9 @@ class Monokernel:
                                      device=self.device)
 
     def trace_records(self) -> list[dict]:
-        """One dict per executed instruction of the traced step: sm, index, op, layer, t_wait, t_ready, t_done and
-        t_mv (matvec start, or an ATTN split's ticket; None if not stamped), in ns from the earliest stamp."""
+        """One dict per executed instruction of the traced step: sm, index, op, layer, t_wait, t_ready, t_done,
+        t_mv (matvec start, or an ATTN split's ticket), t_q and t_loop (ATTN splits with positions: q ready, position
+        loop done); ns from the earliest stamp, None where not stamped."""
         if self.trace_buf is None:
             raise RuntimeError("tracing is off (enable_trace)")
         tr = self.trace_buf.cpu()
@@ -248,12 +249,13 @@ class Monokernel:
         recs = []
         for sm in range(self.n_sm):
             for i in range(int(off[sm + 1] - off[sm])):
-                a, b, c, mv = (int(v) for v in tr[sm, i])
+                a, b, c, mv, q, lp = (int(v) for v in tr[sm, i])
                 if a == 0:
                     continue
                 op, layer = int(ins[off[sm] + i][0]), int(ins[off[sm] + i][1])
+                rel = lambda t: t - t0 if t else None  # noqa: E731
                 recs.append(dict(sm=sm, index=i, op=op, layer=layer, t_wait=a - t0, t_ready=b - t0, t_done=c - t0,
-                                 t_mv=mv - t0 if mv else None))
+                                 t_mv=rel(mv), t_q=rel(q), t_loop=rel(lp)))
         return recs
 
     # ---- streaming side (host polls mapped memory) ----

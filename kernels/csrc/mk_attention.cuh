@@ -47,6 +47,7 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
             }
         }
         __syncthreads();
+        trace(p, step, ii, 4);   // rotated q (and this step's K/V) ready
         // q stays in shared memory (read per position, conflict-free): registers go to the accumulators.
         float acc[MK_MAX_GROUP][DPL], mx[MK_MAX_GROUP], l[MK_MAX_GROUP];
         const float* ql = sq + lane * DPL;
@@ -98,6 +99,7 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
             }
         }
         __syncthreads();
+        trace(p, step, ii, 5);   // every warp's positions done
         float* part = p.part + (size_t)(head * S + split) * g * (HD + 2);
         for (int e = threadIdx.x; e < g * HD; e += NT) {
             const int j = e / HD, i = e - j * HD;

@@ -56,3 +56,18 @@ def test_prep_and_matvec_split_from_the_matvec_stamp():
     assert tab["QKV"]["mv_us"] == pytest.approx(2.1) and tab["QKV"]["mv_max_us"] == pytest.approx(2.2)
     assert tab["SAMPLE"]["prep_us"] == 0.0   # no matvec stamp: not counted
     assert "prep" in mk_trace.format_table("x", tab)
+
+
+def test_attention_phases_of_the_slowest_split():
+    """ATTN splits with positions stamp q ready and loop done; idle splits (no positions) do not and are ignored."""
+    recs = [dict(sm=0, index=0, op=isa.OPS["QKV"], layer=0, t_wait=0, t_ready=0, t_mv=100, t_done=1000)]
+    for sm, (q, loop) in enumerate([(1500, 4000), (1600, 6000)]):
+        recs.append(dict(sm=sm, index=1, op=isa.OPS["ATTN"], layer=0, t_wait=1000, t_ready=1300, t_q=q,
+                         t_loop=loop, t_mv=loop + 500, t_done=loop + 600))
+    recs.append(dict(sm=2, index=1, op=isa.OPS["ATTN"], layer=0, t_wait=1000, t_ready=1300, t_q=None, t_loop=None,
+                     t_mv=1400, t_done=1450))
+    tab = mk_trace.stage_table(recs, NAMES)
+    assert tab["ATTN"]["q_us"] == pytest.approx(0.3)      # slowest: 1600 - 1300
+    assert tab["ATTN"]["loop_us"] == pytest.approx(4.4)   # 6000 - 1600
+    assert tab["ATTN"]["merge_us"] == pytest.approx(0.5)
+    assert "slowest split" in mk_trace.format_table("x", tab)
