@@ -13,7 +13,7 @@ MK_DEV int attn_splits(const MkParams& p, int n) {
 // have positions; split S_eff - 1 (the one holding position pos) appends this step's K/V. The last split to
 // finish (ticket) combines the partials into attn[] and bumps ATTN_DONE.
 template <int HD>
-MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos, float* sm, int* sflag) {
+MK_DEV void op_attn(const MkParams& p, const int* ins, int step, int pos, float* sm, int* sflag) {
     constexpr int DPL = HD / 32, HALF = HD / 2;
     const int layer = ins[MK_F_LAYER], head = ins[MK_F_A0], split = ins[MK_F_A1];
     const int g = p.group, S = p.n_splits;
@@ -47,7 +47,6 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
             }
         }
         __syncthreads();
-        trace(p, step, ii, 4);   // rotated q (and this step's K/V) ready
         // q stays in shared memory (read per position, conflict-free): registers go to the accumulators.
         float acc[MK_MAX_GROUP][DPL], mx[MK_MAX_GROUP], l[MK_MAX_GROUP];
         const float* ql = sq + lane * DPL;
@@ -99,7 +98,6 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
             }
         }
         __syncthreads();
-        trace(p, step, ii, 5);   // every warp's positions done
         float* part = p.part + (size_t)(head * S + split) * g * (HD + 2);
         for (int e = threadIdx.x; e < g * HD; e += NT) {
             const int j = e / HD, i = e - j * HD;
@@ -123,7 +121,6 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
         const unsigned old = mk_atom_acq_rel(p.ctr + ins[MK_F_SIG_CTR], 1u);
         *sflag = old == (unsigned)((step + 1) * S - 1);
     }
-    trace(p, step, ii, 3);   // partial done; the last finisher's combine follows
     __syncthreads();
     if (*sflag) {
         // Combine the S_eff partials of this head's g query heads: one thread per output element merges the

@@ -24,7 +24,6 @@
 #define MK_NTHREADS 512
 #define MK_NWARPS 16
 #define MK_MV_UNROLL 4
-#define MK_TRACE_WORDS 6
 #define MK_MAX_GROUP 8
 #define MK_MAX_SPLITS 64
 #define MK_SMEM_RED_FLOATS 8192
@@ -79,7 +78,6 @@ struct MkParams {
     int* host_stat;
     const int* cancel;
     const int* stop_ids;
-    unsigned long long* trace;
     unsigned long long seed;
     unsigned long long watchdog_cycles;
     float eps;
@@ -105,8 +103,6 @@ struct MkParams {
     int prefetch_bytes;
     int early_loads;
     int attn_min_pos;
-    int trace_step;
-    int trace_stride;
     int sm_vec;
     int sm_red;
     int sm_out;

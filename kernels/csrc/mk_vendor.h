@@ -66,8 +66,3 @@ MK_DEV void mk_unpack8(const uint4 w, float* f) {
         f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
     }
 }
-MK_DEV unsigned long long mk_globaltimer() {
-    unsigned long long t;
-    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-    return t;
-}
