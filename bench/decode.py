@@ -20,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from bench.mk_trace import format_table, stage_table  # noqa: E402
+
 SHAPES = ["qwen2.5-coder-0.5b", "llama-3.2-1b", "qwen2.5-coder-1.5b"]
 
 
@@ -71,6 +73,7 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
     from engine.config import preset
     from engine.kv_cache import KVCache
     from engine.sampling import SamplingParams
+    from kernels import isa
     from kernels.testing import random_model
 
     cfg = preset(name)
@@ -95,10 +98,11 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
     t = timed(lambda: mk.run(0, tok0, ctx, N), args.reps)
     row["monokernel_us"] = t / N * 1e6
     # variants, same launch otherwise: v0 = weight loads only after the wait; pf = + L2 prefetch before the wait
-    variants = {"mk_v0_us": dict(early_loads=0, prefetch_bytes=0)}
+    # nostage = attention reads cached K/V from global memory after the wait (no shared-memory staging)
+    variants = {"mk_v0_us": dict(early_loads=0, prefetch_bytes=0), "mk_nostage_us": dict(kv_stage_pos=0)}
     for pf in args.prefetch:
         variants[f"mk_pf{pf // 1024}k_us"] = dict(early_loads=1, prefetch_bytes=pf)
-    default = dict(early_loads=mk.early_loads, prefetch_bytes=mk.prefetch_bytes)
+    default = dict(early_loads=mk.early_loads, prefetch_bytes=mk.prefetch_bytes, kv_stage_pos=mk.kv_stage_pos)
     for key, kw in variants.items():
         for k, v in kw.items():
             setattr(mk, k, v)
@@ -113,6 +117,12 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
         mk.run(0, tok0, ctx, 32)
         row[f"mk_minpos{mp}_us"] = timed(lambda: mk.run(0, tok0, ctx, N), args.reps) / N * 1e6
     mk.attn_min_pos = default_mp
+    # one traced launch (thread 0 stamps every instruction of one step): where the step's time goes
+    mk.enable_trace(min(100, N - 1))
+    mk.run(0, tok0, ctx, N)
+    row["trace"] = stage_table(mk.trace_records(), {v: k for k, v in isa.OPS.items()})
+    mk.enable_trace(None)
+    log(format_table(name, row["trace"]))
     t = timed(lambda: list(mkb.decode_loop(0, tok0, ctx, N, greedy, frozenset(), None)), args.reps)
     row["monokernel_stream_us"] = t / N * 1e6
     del mkb, mk
@@ -248,7 +258,8 @@ def main():
             row = {"shape": name, "error": f"{type(e).__name__}: {e}"}
         rows.append(row)
         log(json.dumps(row))
-    hdr = (f"{'shape':<20} {'roof us':>8} {'mk us':>8} {'mk tok/s':>9} {'%roof':>6} {'v0 us':>7} {'mk+pf us':>9} {'minpos':>10} "
+    hdr = (f"{'shape':<20} {'roof us':>8} {'mk us':>8} {'mk tok/s':>9} {'%roof':>6} {'v0 us':>7} {'nostage':>8} {'mk+pf us':>9} "
+           f"{'minpos':>10} {'layer us':>8} "
            f"{'stream us':>9} "
            f"{'graph us':>9} {'peer us':>8} {'mk/peer':>8} {'mk/graph':>8}")
     log("")
@@ -260,7 +271,8 @@ def main():
             continue
         log(f"{r['shape']:<20} {f(r, 'roofline_us', '{:8.0f}')} {f(r, 'monokernel_us', '{:8.0f}')} "
             f"{f(r, 'monokernel_tok_s', '{:9.0f}')} {f(r, 'monokernel_pct_roof', '{:5.0f}%')} "
-            f"{f(r, 'mk_v0_us', '{:7.0f}')} {pf_best(r)} {best(r, 'mk_minpos'):>10} "
+            f"{f(r, 'mk_v0_us', '{:7.0f}')} {f(r, 'mk_nostage_us', '{:8.0f}')} {pf_best(r)} {best(r, 'mk_minpos'):>10} "
+            f"{r['trace']['layer_us'] if 'trace' in r else float('nan'):8.1f} "
             f"{f(r, 'monokernel_stream_us', '{:9.0f}')} {f(r, 'graph_us', '{:9.0f}')} {f(r, 'peer_us', '{:8.0f}')} "
             f"{f(r, 'mk_speedup_vs_peer', '{:7.2f}x')} {f(r, 'mk_speedup_vs_graph', '{:7.2f}x')}")
     log(json.dumps({"bench": "decode", "device": dev, "copy_bw_TBps": bw / 1e12, "ctx": args.ctx,

@@ -80,6 +80,7 @@ PARAM_FIELDS = [
     ("instr", "p:const int"), ("sm_off", "p:const int"),
     ("forced", "p:const int"), ("logits_out", "p:float"), ("out_tokens", "p:int"),
     ("host_tokens", "p:int"), ("host_stat", "p:int"), ("cancel", "p:const int"), ("stop_ids", "p:const int"),
+    ("trace", "p:unsigned long long"),   # optional [n_sm, trace_stride, TRACE_WORDS] globaltimer ns, else NULL
     ("seed", "u64"), ("watchdog_cycles", "u64"),
     ("eps", "f32"), ("attn_scale", "f32"), ("temperature", "f32"), ("top_p", "f32"),
     ("d", "i32"), ("q_dim", "i32"), ("kv_dim", "i32"), ("ffn", "i32"), ("vocab", "i32"), ("n_layers", "i32"),
@@ -88,7 +89,11 @@ PARAM_FIELDS = [
     ("prefetch_bytes", "i32"),   # per instruction, weights pulled into L2 before its wait (0 = off)
     ("early_loads", "i32"),      # 1: a matvec's first batch of weight loads is issued before its wait
     ("attn_min_pos", "i32"),     # positions per attention split at least (fewer splits at short contexts)
-    ("sm_vec", "i32"), ("sm_red", "i32"), ("sm_out", "i32"), ("sm_scr", "i32"), ("token_ctr", "i32"),
+    ("trace_step", "i32"),       # with trace != NULL: the step whose per-instruction timestamps are recorded
+    ("trace_stride", "i32"),     # instructions per SM in the trace buffer (the longest list)
+    ("kv_stage_pos", "i32"),     # K/V rows per attention split staged in shared memory before the wait
+    ("sm_vec", "i32"), ("sm_red", "i32"), ("sm_out", "i32"), ("sm_scr", "i32"), ("sm_kv", "i32"),
+    ("token_ctr", "i32"),
 ]
 # status[] words (device) and host_stat[] words (mapped host memory)
 STATUS_STOP, STATUS_REASON, STATUS_ABORT = 0, 1, 2   # stop: 0 running, else (last step + 1); abort: watchdog
@@ -96,6 +101,10 @@ HOST_COUNT, HOST_DONE, HOST_REASON = 0, 1, 2
 # A wait that spins longer than watchdog_cycles aborts the whole launch and reports where it was stuck.
 HOST_WD_BLOCK, HOST_WD_CTR, HOST_WD_TARGET, HOST_WD_VALUE, HOST_WD_STEP = 3, 4, 5, 6, 7
 HOST_WORDS = 8
+# Trace record per instruction (globaltimer ns): wait start, inputs ready, outputs signalled, and the matvec's
+# start (after its norm / vector load) or, for ATTN, the split's ticket; ATTN splits with positions also stamp
+# q ready (word 4) and their position loop done (word 5). bench/mk_trace.py reads them.
+TRACE_WORDS = 6
 REASONS = {1: "length", 2: "stop", 3: "cancelled", 4: "watchdog"}
 
 
@@ -128,6 +137,7 @@ def render_header() -> str:
         f"#define MK_NTHREADS {NTHREADS}",
         f"#define MK_NWARPS {NWARPS}",
         f"#define MK_MV_UNROLL {MV_UNROLL}",
+        f"#define MK_TRACE_WORDS {TRACE_WORDS}",
         f"#define MK_MAX_GROUP {MAX_GROUP}",
         f"#define MK_MAX_SPLITS {MAX_SPLITS}",
         f"#define MK_SMEM_RED_FLOATS {SMEM_RED_FLOATS}",

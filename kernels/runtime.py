@@ -94,7 +94,18 @@ class Monokernel:
         props = torch.cuda.get_device_properties(dev)
         self.n_sm = n_sm or props.multi_processor_count
         self.sched: Schedule = build_schedule(self.dims, self.n_sm)
-        self.smem = self.sched.smem_bytes()
+        # Attention K/V staging after the working buffers: each split's cached rows are copied into shared memory
+        # before its wait (mk_attention.cuh attn_prefetch). A split holds up to max(128, max_len / n_splits)
+        # positions (attn_min_pos 64 or 128); the capacity is bounded by the SM's shared memory, and rows past it
+        # read from global memory.
+        max_len = k_cache.shape[3]
+        base = self.sched.smem_bytes()
+        self.sm_kv = -(-base // 16) * 4                      # float offset, 16-byte aligned
+        row_bytes = 4 * self.cfg.head_dim                    # one position's K and V rows, bf16
+        optin = getattr(props, "shared_memory_per_block_optin", 227 * 1024) - 1024   # static smem headroom
+        fit = max(0, (optin - 4 * self.sm_kv) // row_bytes)
+        self.kv_stage_pos = min(max(128, -(-max_len // self.sched.n_splits)), fit)
+        self.smem = 4 * self.sm_kv + self.kv_stage_pos * row_bytes
         occ = ctypes.c_int(0)
         _check(lib, lib.mk_occupancy(self.smem, ctypes.byref(occ)), "occupancy")
         if occ.value < 1:
@@ -140,11 +151,12 @@ class Monokernel:
         self.instr = torch.from_numpy(ins).contiguous().to(dev)
         if sc.n_lm * isa.TOPK * 2 > isa.SMEM_RED_FLOATS:
             raise ValueError("too many LM-head blocks for the sampler's candidate buffer")
+        self.max_instr = int((off[1:] - off[:-1]).max())
         self.host_tokens = HostBuffer(lib, max_steps)
         self.host_stat = HostBuffer(lib, isa.HOST_WORDS)
         self.cancel_flag = HostBuffer(lib, 1)
         vec = max(dm.d, dm.q_dim, dm.ffn)
-        self.layout = dict(sm_vec=0, sm_red=vec, sm_out=vec + isa.SMEM_RED_FLOATS, sm_scr=0)
+        self.layout = dict(sm_vec=0, sm_red=vec, sm_out=vec + isa.SMEM_RED_FLOATS, sm_scr=0, sm_kv=self.sm_kv)
         self.running = False
         self.stream = None
         log.info("monokernel: %d CTAs x %d threads, %d instructions/step, %d attention splits, %d B shared memory",
@@ -158,6 +170,9 @@ class Monokernel:
         # Attention splits hold at least this many positions (fewer, longer splits at short contexts: a
         # cheaper combine); bench/decode.py sweeps it.
         self.attn_min_pos = 64
+        # enable_trace(step) sets this: [n_sm, max_instr, TRACE_WORDS] int64 globaltimer stamps of one step.
+        self.trace_buf: torch.Tensor | None = None
+        self.trace_step = 0
 
     # ---- launch ----
     def launch(self, slot: int, token: int, pos0: int, n_steps: int, temperature: float = 0.0, top_p: float = 1.0,
@@ -203,6 +218,9 @@ class Monokernel:
         p.prefetch_bytes = int(self.prefetch_bytes)
         p.early_loads = int(self.early_loads)
         p.attn_min_pos = int(self.attn_min_pos)
+        p.kv_stage_pos = self.kv_stage_pos
+        p.trace = _ptr(self.trace_buf)
+        p.trace_step, p.trace_stride = int(self.trace_step), self.max_instr
         p.eps, p.attn_scale = dm.eps, dm.head_dim ** -0.5
         p.temperature, p.top_p = float(temperature), float(top_p)
         p.d, p.q_dim, p.kv_dim, p.ffn, p.vocab = dm.d, dm.q_dim, dm.kv_dim, dm.ffn, dm.vocab
@@ -220,6 +238,37 @@ class Monokernel:
         _check(self.lib, err, "monokernel launch")
         self.running = True
         self.n_steps = n_steps
+
+    def enable_trace(self, step: int | None) -> None:
+        """Record per-instruction timestamps of token step `step` in every later launch (None: off); read them
+        with trace_records() after the launch. Tracing only adds a few stores by thread 0: results do not change."""
+        if step is None:
+            self.trace_buf = None
+            return
+        self.trace_step = int(step)
+        self.trace_buf = torch.zeros(self.n_sm, self.max_instr, isa.TRACE_WORDS, dtype=torch.int64,
+                                     device=self.device)
+
+    def trace_records(self) -> list[dict]:
+        """One dict per executed instruction of the traced step: sm, index, op, layer, t_wait, t_ready, t_done,
+        t_mv (matvec start, or an ATTN split's ticket), t_q and t_loop (ATTN splits with positions: q ready, position
+        loop done); ns from the earliest stamp, None where not stamped."""
+        if self.trace_buf is None:
+            raise RuntimeError("tracing is off (enable_trace)")
+        tr = self.trace_buf.cpu()
+        off, ins = self.sched.flat()
+        t0 = int(tr[tr > 0].min()) if (tr > 0).any() else 0
+        recs = []
+        for sm in range(self.n_sm):
+            for i in range(int(off[sm + 1] - off[sm])):
+                a, b, c, mv, q, lp = (int(v) for v in tr[sm, i])
+                if a == 0:
+                    continue
+                op, layer = int(ins[off[sm] + i][0]), int(ins[off[sm] + i][1])
+                rel = lambda t: t - t0 if t else None  # noqa: E731
+                recs.append(dict(sm=sm, index=i, op=op, layer=layer, t_wait=a - t0, t_ready=b - t0, t_done=c - t0,
+                                 t_mv=rel(mv), t_q=rel(q), t_loop=rel(lp)))
+        return recs
 
     # ---- streaming side (host polls mapped memory) ----
     def count(self) -> int:

@@ -24,6 +24,7 @@
 #define MK_NTHREADS 512
 #define MK_NWARPS 16
 #define MK_MV_UNROLL 4
+#define MK_TRACE_WORDS 6
 #define MK_MAX_GROUP 8
 #define MK_MAX_SPLITS 64
 #define MK_SMEM_RED_FLOATS 8192
@@ -78,6 +79,7 @@ struct MkParams {
     int* host_stat;
     const int* cancel;
     const int* stop_ids;
+    unsigned long long* trace;
     unsigned long long seed;
     unsigned long long watchdog_cycles;
     float eps;
@@ -103,9 +105,13 @@ struct MkParams {
     int prefetch_bytes;
     int early_loads;
     int attn_min_pos;
+    int trace_step;
+    int trace_stride;
+    int kv_stage_pos;
     int sm_vec;
     int sm_red;
     int sm_out;
     int sm_scr;
+    int sm_kv;
     int token_ctr;
 };

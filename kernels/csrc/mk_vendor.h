@@ -66,3 +66,16 @@ MK_DEV void mk_unpack8(const uint4 w, float* f) {
         f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
     }
 }
+MK_DEV unsigned long long mk_globaltimer() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+    return t;
+}
+// Asynchronous 16-byte global -> shared copy through L2 (data another CTA wrote earlier in the launch, ordered by
+// a counter acquire before the copy is issued); mk_cp_async_wait_all() in the same thread, then a barrier,
+// before any thread reads it.
+MK_DEV void mk_cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
+                 :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+}
+MK_DEV void mk_cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }

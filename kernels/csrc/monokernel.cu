@@ -15,6 +15,12 @@
 #define NW MK_NWARPS
 #define U MK_MV_UNROLL
 
+// Thread 0 stamps instruction ii of the traced step (Monokernel.enable_trace; word k: isa.TRACE_WORDS).
+MK_DEV void trace(const MkParams& p, int step, int ii, int k) {
+    if (p.trace && step == p.trace_step && threadIdx.x == 0)
+        p.trace[((size_t)blockIdx.x * p.trace_stride + ii) * MK_TRACE_WORDS + k] = mk_globaltimer();
+}
+
 #include "mk_block.cuh"
 #include "mk_matvec.cuh"
 #include "mk_sample.cuh"
@@ -98,29 +104,39 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             const bool pre = R > 0 && p.early_loads;
             if (pre) mv_load(m, R, K, threadIdx.x >> 5, w, cb);   // in flight while we wait
             if (p.prefetch_bytes > 0) prefetch_instr(p, ins);
+            if (op == MK_OP_ATTN) {   // cached K/V rows in flight while we wait, like a matvec's weights
+                if (p.head_dim == 64) attn_prefetch<64>(p, ins, pos, sm);
+                else attn_prefetch<128>(p, ins, pos, sm);
+            }
+            trace(p, step, ii, 0);
             if (!wait_ctr(p, p.ctr + ins[MK_F_WAIT_CTR], (unsigned)((step + 1) * ins[MK_F_WAIT_N]), step, sflag))
                 return;
+            trace(p, step, ii, 1);
             switch (op) {
             case MK_OP_QKV: {
                 norm_vec(sv, p.x, Lw.ln1, p.d, p.eps, scr);
+                trace(p, step, ii, 3);
                 matvec(m, R, K, sv, red, out, w, cb, pre);
                 for (int r = threadIdx.x; r < a1; r += NT)
                     p.qkv[a0 + r] = out[r] + (Lw.bqkv ? Lw.bqkv[a0 + r] : 0.f);
                 break;
             }
             case MK_OP_ATTN:
-                if (p.head_dim == 64) op_attn<64>(p, ins, step, pos, sm, sflag);
-                else op_attn<128>(p, ins, step, pos, sm, sflag);
+                if (p.head_dim == 64) op_attn<64>(p, ins, ii, step, pos, sm, sflag);
+                else op_attn<128>(p, ins, ii, step, pos, sm, sflag);
+                trace(p, step, ii, 2);
                 continue;   // ATTN signals through its ticket / combine
             case MK_OP_OPROJ: {
                 load_vec(sv, p.attn, p.q_dim);
                 __syncthreads();
+                trace(p, step, ii, 3);
                 matvec(m, R, K, sv, red, out, w, cb, pre);
                 for (int r = threadIdx.x; r < a1; r += NT) p.x[a0 + r] = mk_ld_cg(p.x + a0 + r) + out[r];
                 break;
             }
             case MK_OP_GATEUP: {
                 norm_vec(sv, p.x, Lw.ln2, p.d, p.eps, scr);
+                trace(p, step, ii, 3);
                 matvec(m, R, K, sv, red, out, w, cb, pre);
                 for (int r = threadIdx.x; r < a1; r += NT) {
                     const float gt = out[r];
@@ -131,12 +147,14 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             case MK_OP_DOWN: {
                 load_vec(sv, p.h, p.ffn);
                 __syncthreads();
+                trace(p, step, ii, 3);
                 matvec(m, R, K, sv, red, out, w, cb, pre);
                 for (int r = threadIdx.x; r < a1; r += NT) p.x[a0 + r] = mk_ld_cg(p.x + a0 + r) + out[r];
                 break;
             }
             case MK_OP_LMHEAD: {
                 norm_vec(sv, p.x, p.final_norm, p.d, p.eps, scr);
+                trace(p, step, ii, 3);
                 matvec(m, R, K, sv, red, out, w, cb, pre);
                 if (p.logits_out)
                     for (int r = threadIdx.x; r < a1; r += NT)
@@ -151,6 +169,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
                 break;
             }
             signal_ctr(p.ctr + ins[MK_F_SIG_CTR]);
+            trace(p, step, ii, 2);
         }
     }
 }

@@ -172,18 +172,21 @@ def test_engine_end_to_end(tmp_path):
 
 @pytest.mark.parametrize("name", [SHAPES[0], SHAPES[2]])
 def test_load_timing_variants_are_bit_identical(name):
-    """Early weight loads and the L2 prefetch only move loads in time: not a single bit may change."""
+    """Early weight loads, the L2 prefetch and the shared-memory staging of cached K/V only move loads in time:
+    not a single bit may change."""
     s = setup_for(name)
     forced = s.ids[PROMPT:PROMPT + 32].tolist()
     outs = []
-    for early, pf in ((1, 0), (0, 0), (1, 32768)):
+    stage = s.mk.kv_stage_pos
+    for early, pf, st in ((1, 0, stage), (0, 0, stage), (1, 32768, stage), (1, 0, 0), (1, 0, 16)):
         s.restore()
-        s.mk.early_loads, s.mk.prefetch_bytes = early, pf
+        s.mk.early_loads, s.mk.prefetch_bytes, s.mk.kv_stage_pos = early, pf, st
         out = torch.empty(32, s.cfg.vocab_size, device="cuda")
         s.mk.run(0, forced[0], PROMPT, 32, forced=forced, logits_out=out)
         outs.append(out)
-    s.mk.early_loads, s.mk.prefetch_bytes = 1, 0
-    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], outs[2])
+    s.mk.early_loads, s.mk.prefetch_bytes, s.mk.kv_stage_pos = 1, 0, stage
+    for i, o in enumerate(outs[1:], 1):
+        assert torch.equal(outs[0], o), f"variant {i} changed bits"
 
 
 @pytest.mark.parametrize("name", [SHAPES[0], SHAPES[1]])
@@ -206,3 +209,24 @@ def test_attention_split_length_only_changes_rounding(name):
         err = max(rel(outs[mp][i], outs[64][i]) for i in range(16))
         print(f"{name}: attn_min_pos {mp} vs 64: rel L2 max {err:.2e}")
         assert err < 2e-3, (mp, err)
+
+
+@pytest.mark.parametrize("name", [SHAPES[0], SHAPES[2]])
+def test_tracing_changes_timing_not_results(name):
+    """The trace stores only shift instructions in time: not a single bit may change, and every instruction
+    of the traced step leaves ordered stamps (wait <= ready <= done)."""
+    s = setup_for(name)
+    forced = s.ids[PROMPT:PROMPT + 32].tolist()
+    outs = []
+    for trace in (None, 5):
+        s.restore()
+        s.mk.enable_trace(trace)
+        out = torch.empty(32, s.cfg.vocab_size, device="cuda")
+        s.mk.run(0, forced[0], PROMPT, 32, forced=forced, logits_out=out)
+        outs.append(out)
+    recs = s.mk.trace_records()
+    s.mk.enable_trace(None)
+    assert torch.equal(outs[0], outs[1])
+    off, ins = s.mk.sched.flat()
+    assert len(recs) == len(ins)
+    assert all(r["t_wait"] <= r["t_ready"] <= r["t_done"] for r in recs)

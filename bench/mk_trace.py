@@ -1,0 +1,76 @@
+"""Where a monokernel token step spends its time, from the kernel's per-instruction timestamps.
+
+`Monokernel.enable_trace(step)` makes thread 0 of every CTA stamp each instruction of one token step with
+%globaltimer (ns): when it starts waiting for its inputs, when they are ready, when its outputs are signalled.
+For each stage (layer, op) this derives:
+  hop    = first consumer sees its inputs - last producer of the previous stage signalled (signal latency)
+  span   = last instruction of the stage signalled - first one saw its inputs (work + stragglers)
+  spread = last - median signal time of the stage (how much the slowest CTA holds everyone up)
+and, per matvec instruction (medians over the stage's instructions): prep = inputs ready -> matvec start
+(norm / vector loads), mv = matvec start -> signalled (weights + epilogue; mv_max the slowest). For ATTN the
+"matvec start" stamp is the split's ticket: prep = the partial, mv_max = the last finisher's combine; the slowest split's partial is
+also cut into q (+ rope, K/V append), the position loop, and the merge of the warps' results up to the ticket.
+Per op these are averaged over layers; hop + span summed over a layer's stages is the layer's critical path.
+"""
+from __future__ import annotations
+
+import statistics
+
+STAGE_ORDER = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN")
+
+
+def stage_table(records: list[dict], op_names: dict[int, str]) -> dict:
+    """records: Monokernel.trace_records(); op_names: opcode -> name. -> {op: {hop_us, span_us, spread_us}},
+    plus 'layer_us' (mean critical path per layer) and 'step_us' (first stamp to last)."""
+    stages: dict[tuple[int, str], list[dict]] = {}
+    for r in records:
+        name = op_names[r["op"]]
+        key = ((r["layer"], STAGE_ORDER.index(name)) if name in STAGE_ORDER
+               else (10**6, len(STAGE_ORDER) + (name == "SAMPLE")))
+        stages.setdefault(key, []).append(r)
+    order = sorted(stages)
+    per_op: dict[str, dict[str, list[float]]] = {}
+    prev_done = None
+    for key in order:
+        rs = stages[key]
+        ready = min(r["t_ready"] for r in rs)
+        dones = sorted(r["t_done"] for r in rs)
+        done = dones[-1]
+        d = per_op.setdefault(op_names[rs[0]["op"]], {"hop_us": [], "span_us": [], "spread_us": [], "prep_us": [],
+                                                       "prep_max_us": [], "mv_us": [], "mv_max_us": []})
+        att = [r for r in rs if r.get("t_q") is not None and r.get("t_loop") is not None]
+        if att:   # ATTN splits with positions: q + rope, the position loop, the in-CTA merge up to the ticket
+            for k, a, b in (("q_us", "t_ready", "t_q"), ("loop_us", "t_q", "t_loop"), ("merge_us", "t_loop", "t_mv")):
+                d.setdefault(k, []).append(max(r[b] - r[a] for r in att if r[b] is not None) / 1e3)
+        mv = [r for r in rs if r.get("t_mv") is not None]
+        if mv:
+            d["prep_us"].append(statistics.median(r["t_mv"] - r["t_ready"] for r in mv) / 1e3)
+            d["prep_max_us"].append(max(r["t_mv"] - r["t_ready"] for r in mv) / 1e3)
+            d["mv_us"].append(statistics.median(r["t_done"] - r["t_mv"] for r in mv) / 1e3)
+            d["mv_max_us"].append(max(r["t_done"] - r["t_mv"] for r in mv) / 1e3)
+        if prev_done is not None:
+            d["hop_us"].append((ready - prev_done) / 1e3)
+        d["span_us"].append((done - ready) / 1e3)
+        d["spread_us"].append((done - statistics.median(dones)) / 1e3)
+        prev_done = done
+    out = {op: {k: (sum(v) / len(v) if v else 0.0) for k, v in d.items()} for op, d in per_op.items()}
+    layer = sum(out[op]["hop_us"] + out[op]["span_us"] for op in STAGE_ORDER if op in out)
+    t_all = [r[k] for r in records for k in ("t_wait", "t_ready", "t_done")]
+    out["layer_us"] = layer
+    out["step_us"] = (max(t_all) - min(t_all)) / 1e3 if t_all else 0.0
+    return out
+
+
+def format_table(name: str, tab: dict) -> str:
+    lines = [f"[{name}] per-stage means over layers (us): hop = signal -> first consumer ready, "
+             f"span = first ready -> last signal, spread = last - median signal"]
+    for op in STAGE_ORDER + ("LMHEAD", "SAMPLE"):
+        if op in tab:
+            t = tab[op]
+            lines.append(f"  {op:<7} hop {t['hop_us']:6.2f}  span {t['span_us']:6.2f}  spread {t['spread_us']:6.2f}"
+                         f"  | prep {t['prep_us']:5.2f} (max {t['prep_max_us']:5.2f})"
+                         f"  mv {t['mv_us']:6.2f} (max {t['mv_max_us']:6.2f})"
+                         + (f"  | slowest split: q {t['q_us']:.2f} loop {t['loop_us']:.2f} merge {t['merge_us']:.2f}"
+                            if "loop_us" in t else ""))
+    lines.append(f"  layer critical path {tab['layer_us']:.2f} us; traced step {tab['step_us']:.1f} us")
+    return "\n".join(lines)
