@@ -98,11 +98,10 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
     t = timed(lambda: mk.run(0, tok0, ctx, N), args.reps)
     row["monokernel_us"] = t / N * 1e6
     # variants, same launch otherwise: v0 = weight loads only after the wait; pf = + L2 prefetch before the wait
-    # nostage = attention reads cached K/V from global memory after the wait (no shared-memory staging)
-    variants = {"mk_v0_us": dict(early_loads=0, prefetch_bytes=0), "mk_nostage_us": dict(kv_stage_pos=0)}
+    variants = {"mk_v0_us": dict(early_loads=0, prefetch_bytes=0)}
     for pf in args.prefetch:
         variants[f"mk_pf{pf // 1024}k_us"] = dict(early_loads=1, prefetch_bytes=pf)
-    default = dict(early_loads=mk.early_loads, prefetch_bytes=mk.prefetch_bytes, kv_stage_pos=mk.kv_stage_pos)
+    default = dict(early_loads=mk.early_loads, prefetch_bytes=mk.prefetch_bytes)
     for key, kw in variants.items():
         for k, v in kw.items():
             setattr(mk, k, v)
@@ -258,7 +257,7 @@ def main():
             row = {"shape": name, "error": f"{type(e).__name__}: {e}"}
         rows.append(row)
         log(json.dumps(row))
-    hdr = (f"{'shape':<20} {'roof us':>8} {'mk us':>8} {'mk tok/s':>9} {'%roof':>6} {'v0 us':>7} {'nostage':>8} {'mk+pf us':>9} "
+    hdr = (f"{'shape':<20} {'roof us':>8} {'mk us':>8} {'mk tok/s':>9} {'%roof':>6} {'v0 us':>7} {'mk+pf us':>9} "
            f"{'minpos':>10} {'layer us':>8} "
            f"{'stream us':>9} "
            f"{'graph us':>9} {'peer us':>8} {'mk/peer':>8} {'mk/graph':>8}")
@@ -271,7 +270,7 @@ def main():
             continue
         log(f"{r['shape']:<20} {f(r, 'roofline_us', '{:8.0f}')} {f(r, 'monokernel_us', '{:8.0f}')} "
             f"{f(r, 'monokernel_tok_s', '{:9.0f}')} {f(r, 'monokernel_pct_roof', '{:5.0f}%')} "
-            f"{f(r, 'mk_v0_us', '{:7.0f}')} {f(r, 'mk_nostage_us', '{:8.0f}')} {pf_best(r)} {best(r, 'mk_minpos'):>10} "
+            f"{f(r, 'mk_v0_us', '{:7.0f}')} {pf_best(r)} {best(r, 'mk_minpos'):>10} "
             f"{r['trace']['layer_us'] if 'trace' in r else float('nan'):8.1f} "
             f"{f(r, 'monokernel_stream_us', '{:9.0f}')} {f(r, 'graph_us', '{:9.0f}')} {f(r, 'peer_us', '{:8.0f}')} "
             f"{f(r, 'mk_speedup_vs_peer', '{:7.2f}x')} {f(r, 'mk_speedup_vs_graph', '{:7.2f}x')}")

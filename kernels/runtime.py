@@ -94,18 +94,20 @@ class Monokernel:
         props = torch.cuda.get_device_properties(dev)
         self.n_sm = n_sm or props.multi_processor_count
         self.sched: Schedule = build_schedule(self.dims, self.n_sm)
-        # Attention K/V staging after the working buffers: each split's cached rows are copied into shared memory
-        # before its wait (mk_attention.cuh attn_prefetch). A split holds up to max(128, max_len / n_splits)
-        # positions (attn_min_pos 64 or 128); the capacity is bounded by the SM's shared memory, and rows past it
-        # read from global memory.
+        # Attention staging after the working buffers (mk_attention.cuh): per position its K and V rows (bf16) and
+        # MAX_GROUP scores, then 3 x MAX_GROUP running softmax values. A split's first chunk of positions is copied
+        # in before its wait (attn_prefetch); longer splits go through it in chunks of kv_stage_pos positions.
+        # Capacity: max(128, max_len / n_splits) positions, bounded by the SM's shared memory.
         max_len = k_cache.shape[3]
-        base = self.sched.smem_bytes()
-        self.sm_kv = -(-base // 16) * 4                      # float offset, 16-byte aligned
-        row_bytes = 4 * self.cfg.head_dim                    # one position's K and V rows, bf16
+        self.sm_kv = -(-self.sched.smem_bytes() // 16) * 4   # float offset, 16-byte aligned
+        self._stage_row_bytes = 4 * self.cfg.head_dim + 4 * isa.MAX_GROUP
         optin = getattr(props, "shared_memory_per_block_optin", 227 * 1024) - 1024   # static smem headroom
-        fit = max(0, (optin - 4 * self.sm_kv) // row_bytes)
-        self.kv_stage_pos = min(max(128, -(-max_len // self.sched.n_splits)), fit)
-        self.smem = 4 * self.sm_kv + self.kv_stage_pos * row_bytes
+        fit = (optin - 4 * self.sm_kv - 12 * isa.MAX_GROUP) // self._stage_row_bytes
+        if fit < 16:
+            raise RuntimeError(f"monokernel: no shared memory left for attention staging ({fit} positions)")
+        self.stage_capacity = min(max(128, -(-max_len // self.sched.n_splits)), fit)
+        self.kv_stage_pos = self.stage_capacity
+        self.smem = 4 * self.sm_kv + self.stage_capacity * self._stage_row_bytes + 12 * isa.MAX_GROUP
         occ = ctypes.c_int(0)
         _check(lib, lib.mk_occupancy(self.smem, ctypes.byref(occ)), "occupancy")
         if occ.value < 1:
@@ -218,7 +220,9 @@ class Monokernel:
         p.prefetch_bytes = int(self.prefetch_bytes)
         p.early_loads = int(self.early_loads)
         p.attn_min_pos = int(self.attn_min_pos)
-        p.kv_stage_pos = self.kv_stage_pos
+        if not 1 <= self.kv_stage_pos <= self.stage_capacity:
+            raise ValueError(f"kv_stage_pos {self.kv_stage_pos} outside 1..{self.stage_capacity}")
+        p.kv_stage_pos = int(self.kv_stage_pos)
         p.trace = _ptr(self.trace_buf)
         p.trace_step, p.trace_stride = int(self.trace_step), self.max_instr
         p.eps, p.attn_scale = dm.eps, dm.head_dim ** -0.5

@@ -68,12 +68,12 @@ class Schedule:
         return off, np.asarray(rows, dtype=np.int32).reshape(-1, isa.INSTR_WORDS)
 
     def smem_bytes(self) -> int:
-        """Dynamic shared memory the kernel asks for: [input vector | partial sums | row outputs], or the ATTN
-        scratch (rotated q + per-warp partials) which reuses the same bytes. Layout: runtime.Monokernel.layout."""
+        """Dynamic shared memory of the working region: [input vector | partial sums | row outputs], or the ATTN
+        rotated q which reuses the same bytes. The attention staging region follows it (runtime.Monokernel)."""
         dm = self.dims
         vec = max(dm.d, dm.q_dim, dm.ffn)
         out = max(r * (2 if op == "GATEUP" else 1) for op, r in self.rows.items())
-        attn = isa.MAX_GROUP * dm.head_dim + isa.NWARPS * dm.group * (dm.head_dim + 2)
+        attn = isa.MAX_GROUP * dm.head_dim
         return 4 * max(vec + isa.SMEM_RED_FLOATS + out, attn)
 
 

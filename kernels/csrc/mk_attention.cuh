@@ -16,6 +16,16 @@ MK_DEV void attn_span(const MkParams& p, int split, int n, int& p0, int& p1) {
     p1 = split < S_eff ? (int)((long long)(split + 1) * n / S_eff) : 0;
 }
 
+// Copy `rows` K and V cache rows (from gk / gv) into the staging buffers (cp.async; the caller waits + syncs).
+template <int HD>
+MK_DEV void attn_stage(const mk_bf16* gk, const mk_bf16* gv, mk_bf16* sk, mk_bf16* sv, int rows) {
+    constexpr int CPR = HD * 2 / 16;   // 16-byte chunks per row
+    for (int c = threadIdx.x; c < rows * CPR; c += NT) {
+        mk_cp_async16(sk + c * 8, gk + c * 8);
+        mk_cp_async16(sv + c * 8, gv + c * 8);
+    }
+}
+
 // Before the instruction's wait: start copying the cached K and V rows this split will read (positions written
 // before this step, at most kv_stage_pos of them) into shared memory. They do not depend on this step's data,
 // so, like a matvec's early weight loads, their latency hides behind the wait instead of lengthening the chain.
@@ -26,38 +36,40 @@ MK_DEV void attn_prefetch(const MkParams& p, const int* ins, int pos, float* sm)
     const int rows = min(min(p1, pos) - p0, p.kv_stage_pos);
     if (rows <= 0) return;
     const size_t row0 = ((size_t)ins[MK_F_LAYER] * p.n_kv + ins[MK_F_A0]) * (size_t)p.max_len + p0;
-    constexpr int CPR = HD * 2 / 16;   // 16-byte chunks per row
     mk_bf16* sk = (mk_bf16*)(sm + p.sm_kv);
-    mk_bf16* sv = sk + (size_t)p.kv_stage_pos * HD;
-    const mk_bf16* gk = p.k_cache + row0 * HD;
-    const mk_bf16* gv = p.v_cache + row0 * HD;
-    for (int c = threadIdx.x; c < rows * CPR; c += NT) {
-        mk_cp_async16(sk + c * 8, gk + c * 8);
-        mk_cp_async16(sv + c * 8, gv + c * 8);
-    }
+    attn_stage<HD>(p.k_cache + row0 * HD, p.v_cache + row0 * HD, sk, sk + (size_t)p.kv_stage_pos * HD, rows);
 }
 
 // One (kv head, split) partial over positions [p0, p1) of pos + 1. Only the first S_eff = attn_splits(n) splits
 // have positions; split S_eff - 1 (the one holding position pos) appends this step's K/V. The last split to
 // finish (ticket) combines the partials into attn[] and bumps ATTN_DONE.
+//
+// The whole CTA works on one chunk of staged positions at a time (chunk 0 was copied before the wait):
+//   scores:  one thread per (q head, position) dot product, K row words read rotated by the position so the 32
+//            lanes of a warp hit 32 different banks;
+//   softmax: one warp per q head: chunk max, running max, weights e = exp(s - max) in place, running sum;
+//   values:  one thread per (q head, pair of dims) accumulates sum_p e_p v_p over the chunk.
+// No serial per-position chain and no cross-warp merge (v1 had both: 5 dependent positions per warp, each with a
+// warp reduction per q head, then a merge of 16 warp partials).
 template <int HD>
 MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos, float* sm, int* sflag) {
-    constexpr int DPL = HD / 32, HALF = HD / 2;
+    constexpr int HALF = HD / 2, W = HD / 2;   // W: bf16 pairs per row
     const int layer = ins[MK_F_LAYER], head = ins[MK_F_A0], split = ins[MK_F_A1];
     const int g = p.group, S = p.n_splits;
     const int n = pos + 1;
     const int S_eff = attn_splits(p, n);
     int p0, p1;
     attn_span(p, split, n, p0, p1);
-    const int cap = p.kv_stage_pos;   // positions p0 .. p0 + cap - 1 come from the staged copy
-    const mk_bf16* stk = (const mk_bf16*)(sm + p.sm_kv);
-    const mk_bf16* stv = stk + (size_t)cap * HD;
+    const int cap = p.kv_stage_pos;               // staged positions per chunk (>= 1)
+    mk_bf16* stk = (mk_bf16*)(sm + p.sm_kv);      // [cap][HD] bf16
+    mk_bf16* stv = stk + (size_t)cap * HD;        // [cap][HD] bf16
+    float* sc = sm + p.sm_kv + (size_t)cap * HD;  // [MAX_GROUP][cap] scores, then weights
+    float* sml = sc + (size_t)MK_MAX_GROUP * cap; // [3][MAX_GROUP] running max, running sum, chunk correction
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t row0 = ((size_t)layer * p.n_kv + head) * (size_t)p.max_len;
     mk_bf16* kc = p.k_cache + row0 * HD;
     mk_bf16* vc = p.v_cache + row0 * HD;
     float* sq = sm;                               // [MAX_GROUP][HD] rotated, scaled q
-    float* sw = sm + MK_MAX_GROUP * HD;           // [NW][g][HD + 2] per-warp partials
     if (split < S_eff) {   // CTA-uniform: the barriers inside are safe
         for (int e = threadIdx.x; e < g * HD; e += NT) {
             const int j = e / HD, i = e - j * HD;
@@ -77,86 +89,93 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
                 const mk_bf16 kb = mk_f2bf(i < HALF ? a * c - b * s : a * c + b * s), vb = mk_f2bf(mk_ld_cg(v + i));
                 kc[(size_t)pos * HD + i] = kb;
                 vc[(size_t)pos * HD + i] = vb;
-                if (pos - p0 < cap) {   // this step's row joins the staged ones
-                    ((mk_bf16*)stk)[(size_t)(pos - p0) * HD + i] = kb;
-                    ((mk_bf16*)stv)[(size_t)(pos - p0) * HD + i] = vb;
+                if (pos - p0 < cap) {   // this step's row joins the staged chunk 0
+                    stk[(size_t)(pos - p0) * HD + i] = kb;
+                    stv[(size_t)(pos - p0) * HD + i] = vb;
                 }
             }
+        }
+        if (threadIdx.x < MK_MAX_GROUP) {
+            sml[threadIdx.x] = -INFINITY;
+            sml[MK_MAX_GROUP + threadIdx.x] = 0.f;
         }
         mk_cp_async_wait_all();   // this thread's staged K/V rows; the barrier publishes everyone's
         __syncthreads();
         trace(p, step, ii, 4);   // rotated q (and this step's K/V) ready
-        // q stays in shared memory (read per position, conflict-free): registers go to the accumulators.
-        float acc[MK_MAX_GROUP][DPL], mx[MK_MAX_GROUP], l[MK_MAX_GROUP];
-        const float* ql = sq + lane * DPL;
-    #pragma unroll
-        for (int j = 0; j < MK_MAX_GROUP; ++j) {
-            mx[j] = -INFINITY;
-            l[j] = 0.f;
-    #pragma unroll
-            for (int t = 0; t < DPL; ++t) acc[j][t] = 0.f;
-        }
-        for (int pp = p0 + warp; pp < p1; pp += NW) {
-            float kf[DPL], vf[DPL];
-            const bool staged = pp - p0 < cap;
-            const mk_bf16* kr = (staged ? stk + (size_t)(pp - p0) * HD : kc + (size_t)pp * HD) + lane * DPL;
-            const mk_bf16* vr = (staged ? stv + (size_t)(pp - p0) * HD : vc + (size_t)pp * HD) + lane * DPL;
-            if (DPL == 2) {
-                const unsigned ku = staged ? *(const unsigned*)kr : mk_ld_cg_u32(kr);
-                const unsigned vu = staged ? *(const unsigned*)vr : mk_ld_cg_u32(vr);
-                kf[0] = __uint_as_float(ku << 16); kf[1] = __uint_as_float(ku & 0xffff0000u);
-                vf[0] = __uint_as_float(vu << 16); vf[1] = __uint_as_float(vu & 0xffff0000u);
-            } else {
-                const uint2 ku = staged ? *(const uint2*)kr : mk_ld_cg_u64(kr);
-                const uint2 vu = staged ? *(const uint2*)vr : mk_ld_cg_u64(vr);
-                kf[0] = __uint_as_float(ku.x << 16); kf[1] = __uint_as_float(ku.x & 0xffff0000u);
-                kf[DPL > 2 ? 2 : 0] = __uint_as_float(ku.y << 16); kf[DPL - 1] = __uint_as_float(ku.y & 0xffff0000u);
-                vf[0] = __uint_as_float(vu.x << 16); vf[1] = __uint_as_float(vu.x & 0xffff0000u);
-                vf[DPL > 2 ? 2 : 0] = __uint_as_float(vu.y << 16); vf[DPL - 1] = __uint_as_float(vu.y & 0xffff0000u);
+        // Output ownership: thread t accumulates dims (od, od + 1) of q head oj (g * HD / 2 <= 512 = NT).
+        const int oj = threadIdx.x / W, od = 2 * (threadIdx.x - oj * W);
+        const bool owner = oj < g;
+        float a0 = 0.f, a1 = 0.f;
+        for (int c0 = p0; c0 < p1; c0 += cap) {
+            const int C = min(cap, p1 - c0);
+            if (c0 > p0) {   // a later chunk: after every reader of the previous one, copy it in
+                __syncthreads();
+                attn_stage<HD>(kc + (size_t)c0 * HD, vc + (size_t)c0 * HD, stk, stv, C);
+                mk_cp_async_wait_all();
+                __syncthreads();
             }
-    #pragma unroll
-            for (int j = 0; j < MK_MAX_GROUP; ++j) {
-                if (j < g) {
-                    float s = 0.f;
-    #pragma unroll
-                    for (int t = 0; t < DPL; ++t) s += ql[j * HD + t] * kf[t];
-                    s = warp_sum(s);
-                    const float mn = fmaxf(mx[j], s);
-                    const float corr = expf(mx[j] - mn), e = expf(s - mn);
-                    l[j] = l[j] * corr + e;
-    #pragma unroll
-                    for (int t = 0; t < DPL; ++t) acc[j][t] = acc[j][t] * corr + e * vf[t];
-                    mx[j] = mn;
+            for (int t = threadIdx.x; t < g * C; t += NT) {
+                const int j = t / C, pp = t - j * C;
+                const unsigned* kr = (const unsigned*)(stk + (size_t)pp * HD);
+                const float* qj = sq + j * HD;
+                float s0 = 0.f, s1 = 0.f;
+#pragma unroll 8
+                for (int w = 0; w < W; ++w) {
+                    const int ww = (w + pp) & (W - 1);
+                    const unsigned u = kr[ww];
+                    const float2 qq = *(const float2*)(qj + 2 * ww);
+                    s0 += qq.x * __uint_as_float(u << 16);
+                    s1 += qq.y * __uint_as_float(u & 0xffff0000u);
+                }
+                sc[j * cap + pp] = s0 + s1;
+            }
+            __syncthreads();
+            if (warp < g) {
+                float* sj = sc + warp * cap;
+                float mx = -INFINITY;
+                for (int pp = lane; pp < C; pp += 32) mx = fmaxf(mx, sj[pp]);
+                mx = warp_max(mx);
+                const float m_old = sml[warp], m_new = fmaxf(m_old, mx);
+                float sum = 0.f;
+                for (int pp = lane; pp < C; pp += 32) {
+                    const float e = expf(sj[pp] - m_new);
+                    sj[pp] = e;
+                    sum += e;
+                }
+                sum = warp_sum(sum);
+                if (lane == 0) {
+                    const float corr = expf(m_old - m_new);   // 0 on the first chunk (m_old = -inf)
+                    sml[warp] = m_new;
+                    sml[MK_MAX_GROUP + warp] = sml[MK_MAX_GROUP + warp] * corr + sum;
+                    sml[2 * MK_MAX_GROUP + warp] = corr;
                 }
             }
-        }
-    #pragma unroll
-        for (int j = 0; j < MK_MAX_GROUP; ++j) {
-            if (j < g) {
-                float* o = sw + (size_t)(warp * g + j) * (HD + 2);
-    #pragma unroll
-                for (int t = 0; t < DPL; ++t) o[2 + lane * DPL + t] = acc[j][t];
-                if (lane == 0) { o[0] = mx[j]; o[1] = l[j]; }
+            __syncthreads();
+            if (owner) {
+                const float* ej = sc + oj * cap;
+                const mk_bf16* vcol = stv + od;
+                float b0 = 0.f, b1 = 0.f;
+#pragma unroll 4
+                for (int pp = 0; pp < C; ++pp) {
+                    const unsigned u = *(const unsigned*)(vcol + (size_t)pp * HD);
+                    const float e = ej[pp];
+                    b0 += e * __uint_as_float(u << 16);
+                    b1 += e * __uint_as_float(u & 0xffff0000u);
+                }
+                const float corr = sml[2 * MK_MAX_GROUP + oj];
+                a0 = a0 * corr + b0;
+                a1 = a1 * corr + b1;
             }
         }
-        __syncthreads();
-        trace(p, step, ii, 5);   // every warp's positions done
+        trace(p, step, ii, 5);   // every position done
         float* part = p.part + (size_t)(head * S + split) * g * (HD + 2);
-        for (int e = threadIdx.x; e < g * HD; e += NT) {
-            const int j = e / HD, i = e - j * HD;
-            float M = -INFINITY;
-            for (int w = 0; w < NW; ++w) M = fmaxf(M, sw[(w * g + j) * (HD + 2)]);
-            float num = 0.f, den = 0.f;
-            if (M > -INFINITY) {
-                for (int w = 0; w < NW; ++w) {
-                    const float* o = sw + (size_t)(w * g + j) * (HD + 2);
-                    const float c = expf(o[0] - M);
-                    num += c * o[2 + i];
-                    den += c * o[1];
-                }
-            }
-            part[j * (HD + 2) + 2 + i] = num;
-            if (i == 0) { part[j * (HD + 2)] = M; part[j * (HD + 2) + 1] = den; }
+        if (owner) {
+            part[oj * (HD + 2) + 2 + od] = a0;
+            part[oj * (HD + 2) + 3 + od] = a1;
+        }
+        if (threadIdx.x < g) {
+            part[threadIdx.x * (HD + 2)] = sml[threadIdx.x];
+            part[threadIdx.x * (HD + 2) + 1] = sml[MK_MAX_GROUP + threadIdx.x];
         }
         __syncthreads();
     }   // split < S_eff
@@ -168,23 +187,33 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
     __syncthreads();
     if (*sflag) {
         // Combine the S_eff partials of this head's g query heads: one thread per output element merges the
-        // splits in order with the online-softmax rule. The loads of different splits do not depend on each
-        // other, so (unrolled) they are all in flight at once: one L2 round trip, no barrier.
+        // splits in order with the online-softmax rule. The loads of a batch of CB splits are issued together
+        // (predicated, none depends on a merge), so a batch costs one L2 round trip.
+        constexpr int CB = 8;
         const float* pbase = p.part + (size_t)head * S * g * (HD + 2);
         for (int e = threadIdx.x; e < g * HD; e += NT) {
             const int j = e / HD, i = e - j * HD;
             const float* o = pbase + (size_t)j * (HD + 2);
             float M = -INFINITY, den = 0.f, num = 0.f;
-#pragma unroll 8
-            for (int sp = 0; sp < S_eff; ++sp) {
-                const float* q = o + (size_t)sp * g * (HD + 2);
-                const float ms = mk_ld_cg(q), ls = mk_ld_cg(q + 1), as = mk_ld_cg(q + 2 + i);
-                if (ms == -INFINITY) continue;
-                const float mn = fmaxf(M, ms);
-                const float c_old = expf(M - mn), c_new = expf(ms - mn);
-                den = den * c_old + ls * c_new;
-                num = num * c_old + as * c_new;
-                M = mn;
+            for (int s0 = 0; s0 < S_eff; s0 += CB) {
+                float ms[CB], ls[CB], as[CB];
+#pragma unroll
+                for (int k = 0; k < CB; ++k) {
+                    const float* q = o + (size_t)(s0 + k) * g * (HD + 2);
+                    const bool ok = s0 + k < S_eff;
+                    ms[k] = ok ? mk_ld_cg(q) : -INFINITY;
+                    ls[k] = ok ? mk_ld_cg(q + 1) : 0.f;
+                    as[k] = ok ? mk_ld_cg(q + 2 + i) : 0.f;
+                }
+#pragma unroll
+                for (int k = 0; k < CB; ++k) {
+                    if (ms[k] == -INFINITY) continue;
+                    const float mn = fmaxf(M, ms[k]);
+                    const float c_old = expf(M - mn), c_new = expf(ms[k] - mn);
+                    den = den * c_old + ls[k] * c_new;
+                    num = num * c_old + as[k] * c_new;
+                    M = mn;
+                }
             }
             p.attn[(size_t)(head * g + j) * HD + i] = num / den;
         }
@@ -192,4 +221,3 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
     }
     __syncthreads();
 }
-

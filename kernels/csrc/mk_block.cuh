@@ -9,6 +9,12 @@ MK_DEV float warp_sum(float v) {
     return v;
 }
 
+MK_DEV float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v = fmaxf(v, mk_shfl_xor(v, o));
+    return v;
+}
+
 // Deterministic block sum (fixed tree); every thread gets the result. scr: >= NW + 1 floats.
 MK_DEV float block_sum(float v, float* scr) {
     v = warp_sum(v);

@@ -172,43 +172,43 @@ def test_engine_end_to_end(tmp_path):
 
 @pytest.mark.parametrize("name", [SHAPES[0], SHAPES[2]])
 def test_load_timing_variants_are_bit_identical(name):
-    """Early weight loads, the L2 prefetch and the shared-memory staging of cached K/V only move loads in time:
-    not a single bit may change."""
+    """Early weight loads and the L2 prefetch only move loads in time: not a single bit may change."""
     s = setup_for(name)
     forced = s.ids[PROMPT:PROMPT + 32].tolist()
     outs = []
-    stage = s.mk.kv_stage_pos
-    for early, pf, st in ((1, 0, stage), (0, 0, stage), (1, 32768, stage), (1, 0, 0), (1, 0, 16)):
+    for early, pf in ((1, 0), (0, 0), (1, 32768)):
         s.restore()
-        s.mk.early_loads, s.mk.prefetch_bytes, s.mk.kv_stage_pos = early, pf, st
+        s.mk.early_loads, s.mk.prefetch_bytes = early, pf
         out = torch.empty(32, s.cfg.vocab_size, device="cuda")
         s.mk.run(0, forced[0], PROMPT, 32, forced=forced, logits_out=out)
         outs.append(out)
-    s.mk.early_loads, s.mk.prefetch_bytes, s.mk.kv_stage_pos = 1, 0, stage
+    s.mk.early_loads, s.mk.prefetch_bytes = 1, 0
     for i, o in enumerate(outs[1:], 1):
         assert torch.equal(outs[0], o), f"variant {i} changed bits"
 
 
 @pytest.mark.parametrize("name", [SHAPES[0], SHAPES[1]])
 def test_attention_split_length_only_changes_rounding(name):
-    """attn_min_pos picks how many position splits carry the attention (64 at min_pos 1, one at 4096): the
-    logits agree to rounding, and each setting is reproducible to the bit."""
+    """attn_min_pos picks how many position splits carry the attention (64 at min_pos 1, one at 4096), and
+    kv_stage_pos how many positions a split stages per chunk (1 and 16: many chunks, each merged into the running
+    softmax): the logits agree to rounding, and each setting is reproducible to the bit."""
     s = setup_for(name)
     forced = s.ids[PROMPT:PROMPT + 16].tolist()
     outs = {}
-    for mp in (1, 64, 4096, 64):
+    cap = s.mk.kv_stage_pos
+    for mp, st in ((1, cap), (64, cap), (4096, cap), (64, cap), (64, 16), (4096, 1)):
         s.restore()
-        s.mk.attn_min_pos = mp
+        s.mk.attn_min_pos, s.mk.kv_stage_pos = mp, st
         out = torch.empty(16, s.cfg.vocab_size, device="cuda")
         s.mk.run(0, forced[0], PROMPT, 16, forced=forced, logits_out=out)
-        if mp in outs:
-            assert torch.equal(outs[mp], out), "same split length, different bits"
-        outs[mp] = out
-    s.mk.attn_min_pos = 64
-    for mp in (1, 4096):
-        err = max(rel(outs[mp][i], outs[64][i]) for i in range(16))
-        print(f"{name}: attn_min_pos {mp} vs 64: rel L2 max {err:.2e}")
-        assert err < 2e-3, (mp, err)
+        if (mp, st) in outs:
+            assert torch.equal(outs[(mp, st)], out), "same split length, different bits"
+        outs[(mp, st)] = out
+    s.mk.attn_min_pos, s.mk.kv_stage_pos = 64, cap
+    for key in ((1, cap), (4096, cap), (64, 16), (4096, 1)):
+        err = max(rel(outs[key][i], outs[(64, cap)][i]) for i in range(16))
+        print(f"{name}: attn_min_pos {key[0]}, kv_stage_pos {key[1]} vs 64, {cap}: rel L2 max {err:.2e}")
+        assert err < 2e-3, (key, err)
 
 
 @pytest.mark.parametrize("name", [SHAPES[0], SHAPES[2]])
