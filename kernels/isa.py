@@ -92,6 +92,7 @@ PARAM_FIELDS = [
     ("trace_step", "i32"),       # with trace != NULL: the step whose per-instruction timestamps are recorded
     ("trace_stride", "i32"),     # instructions per SM in the trace buffer (the longest list)
     ("kv_stage_pos", "i32"),     # K/V rows per attention split staged in shared memory before the wait
+    ("stage_floats", "i32"),     # size of the staging region (floats from sm_kv); the combine reuses it
     ("sm_vec", "i32"), ("sm_red", "i32"), ("sm_out", "i32"), ("sm_scr", "i32"), ("sm_kv", "i32"),
     ("token_ctr", "i32"),
 ]

@@ -107,7 +107,8 @@ class Monokernel:
             raise RuntimeError(f"monokernel: no shared memory left for attention staging ({fit} positions)")
         self.stage_capacity = min(max(128, -(-max_len // self.sched.n_splits)), fit)
         self.kv_stage_pos = self.stage_capacity
-        self.smem = 4 * self.sm_kv + self.stage_capacity * self._stage_row_bytes + 12 * isa.MAX_GROUP
+        self.stage_floats = (self.stage_capacity * self._stage_row_bytes + 12 * isa.MAX_GROUP) // 4
+        self.smem = 4 * (self.sm_kv + self.stage_floats)
         occ = ctypes.c_int(0)
         _check(lib, lib.mk_occupancy(self.smem, ctypes.byref(occ)), "occupancy")
         if occ.value < 1:
@@ -223,6 +224,7 @@ class Monokernel:
         if not 1 <= self.kv_stage_pos <= self.stage_capacity:
             raise ValueError(f"kv_stage_pos {self.kv_stage_pos} outside 1..{self.stage_capacity}")
         p.kv_stage_pos = int(self.kv_stage_pos)
+        p.stage_floats = self.stage_floats
         p.trace = _ptr(self.trace_buf)
         p.trace_step, p.trace_stride = int(self.trace_step), self.max_instr
         p.eps, p.attn_scale = dm.eps, dm.head_dim ** -0.5

@@ -186,36 +186,57 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
     trace(p, step, ii, 3);   // partial done; the last finisher's combine follows
     __syncthreads();
     if (*sflag) {
-        // Combine the S_eff partials of this head's g query heads: one thread per output element merges the
-        // splits in order with the online-softmax rule. The loads of a batch of CB splits are issued together
-        // (predicated, none depends on a merge), so a batch costs one L2 round trip.
-        constexpr int CB = 8;
-        const float* pbase = p.part + (size_t)head * S * g * (HD + 2);
-        for (int e = threadIdx.x; e < g * HD; e += NT) {
-            const int j = e / HD, i = e - j * HD;
-            const float* o = pbase + (size_t)j * (HD + 2);
-            float M = -INFINITY, den = 0.f, num = 0.f;
-            for (int s0 = 0; s0 < S_eff; s0 += CB) {
-                float ms[CB], ls[CB], as[CB];
+        // Combine the S_eff partials of this head's g query heads. The partials (contiguous, per split g x (HD + 2)
+        // floats) are copied into the staging region with all threads' loads in flight at once (one L2 round trip
+        // per batch of splits that fits), then each thread merges its output elements (at most 2: g * HD <= 2 * NT)
+        // over the splits in order with the online-softmax rule.
+        constexpr int LB = 16;   // float2 loads in flight per thread
+        const int per = g * (HD + 2);
+        const int SB = max(1, min(S_eff, p.stage_floats / per));
+        const float* pbase = p.part + (size_t)head * S * per;
+        float* sp = sm + p.sm_kv;
+        float M[2] = {-INFINITY, -INFINITY}, den[2] = {0.f, 0.f}, num[2] = {0.f, 0.f};
+        for (int s0 = 0; s0 < S_eff; s0 += SB) {
+            const int nb = min(SB, S_eff - s0);
+            const int n2 = nb * per / 2;   // per is even
+            const float2* src = (const float2*)(pbase + (size_t)s0 * per);
+            for (int k0 = threadIdx.x; k0 < n2; k0 += NT * LB) {
+                float2 r[LB];
 #pragma unroll
-                for (int k = 0; k < CB; ++k) {
-                    const float* q = o + (size_t)(s0 + k) * g * (HD + 2);
-                    const bool ok = s0 + k < S_eff;
-                    ms[k] = ok ? mk_ld_cg(q) : -INFINITY;
-                    ls[k] = ok ? mk_ld_cg(q + 1) : 0.f;
-                    as[k] = ok ? mk_ld_cg(q + 2 + i) : 0.f;
+                for (int u = 0; u < LB; ++u) {
+                    const int k = k0 + u * NT;
+                    r[u] = k < n2 ? mk_ld_cg2(src + k) : make_float2(0.f, 0.f);
                 }
 #pragma unroll
-                for (int k = 0; k < CB; ++k) {
-                    if (ms[k] == -INFINITY) continue;
-                    const float mn = fmaxf(M, ms[k]);
-                    const float c_old = expf(M - mn), c_new = expf(ms[k] - mn);
-                    den = den * c_old + ls[k] * c_new;
-                    num = num * c_old + as[k] * c_new;
-                    M = mn;
+                for (int u = 0; u < LB; ++u) {
+                    const int k = k0 + u * NT;
+                    if (k < n2) ((float2*)sp)[k] = r[u];
                 }
             }
-            p.attn[(size_t)(head * g + j) * HD + i] = num / den;
+            __syncthreads();
+#pragma unroll
+            for (int t = 0; t < 2; ++t) {
+                const int e = threadIdx.x + t * NT;
+                if (e < g * HD) {
+                    const int j = e / HD, i = e - j * HD;
+                    for (int sb = 0; sb < nb; ++sb) {
+                        const float* q = sp + sb * per + j * (HD + 2);
+                        const float ms = q[0];
+                        if (ms == -INFINITY) continue;
+                        const float mn = fmaxf(M[t], ms);
+                        const float c_old = expf(M[t] - mn), c_new = expf(ms - mn);
+                        den[t] = den[t] * c_old + q[1] * c_new;
+                        num[t] = num[t] * c_old + q[2 + i] * c_new;
+                        M[t] = mn;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+            const int e = threadIdx.x + t * NT;
+            if (e < g * HD) p.attn[(size_t)head * g * HD + e] = num[t] / den[t];
         }
         signal_ctr(p.ctr + ins[MK_F_AUX]);
     }

@@ -108,6 +108,7 @@ struct MkParams {
     int trace_step;
     int trace_stride;
     int kv_stage_pos;
+    int stage_floats;
     int sm_vec;
     int sm_red;
     int sm_out;

@@ -50,6 +50,7 @@ MK_DEV void mk_prefetch_l2(const void* p, unsigned bytes) {
 // Data written by other CTAs during this launch: bypass L1 (not coherent across SMs), read from L2.
 MK_DEV float mk_ld_cg(const float* p) { return __ldcg(p); }
 MK_DEV float4 mk_ld_cg4(const float4* p) { return __ldcg(p); }
+MK_DEV float2 mk_ld_cg2(const float2* p) { return __ldcg(p); }
 MK_DEV int mk_ld_cg_i(const int* p) { return __ldcg(p); }
 MK_DEV unsigned mk_ld_cg_u32(const void* p) { return __ldcg((const unsigned*)p); }
 MK_DEV uint2 mk_ld_cg_u64(const void* p) { return __ldcg((const uint2*)p); }
