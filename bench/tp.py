@@ -12,6 +12,10 @@ Rows per model shape (random bf16 weights, context 512, 256 tokens timed after w
   falling back to plain ops on every rank, with the reason printed, if compilation fails anywhere.
 - monokernel 1 GPU / N GPUs exact / N GPUs delayed: HOOKS (backend_row below) for the lead's persistent kernel.
   A backend that does not exist or cannot run prints "not run: <reason>"; no number is ever made up.
+  "monokernel-exact" is kernels/tp_runtime.py's TPMonokernel (in-kernel peer exchange), timed with launches of
+  --tokens steps next to a single-GPU Monokernel on the same weights timed the same way in the same run (its
+  speedup is against that); it also reports the exchange wait (per CTA and token, kernel-measured) and checks
+  that both ranks' logits are bit-identical and close to the single GPU's.
 
     NCCL_NVLS_ENABLE=0 python3 bench/tp.py --gpus 2 [--shape qwen-1.5b,llama-1b|all] [--ctx 512] [--tokens 256]
                                            [--compile] [--eager] [--no-monokernel]
@@ -451,10 +455,9 @@ def backend_row(backend: str, cfg: ModelConfig, args) -> dict:
     if backend == "monokernel-1gpu":
         return {**row, **_time_backend(MonokernelBackend, cfg, args, tp=1, tp_mode="exact")}
     if backend == "monokernel-exact":
-        if not getattr(MonokernelBackend, "supports_tp", False):
-            return {**row, "not_run": "MonokernelBackend.supports_tp is False: the in-kernel peer exchange "
-                                      "(exact mode) is not built yet"}
-        return {**row, **_time_backend(MonokernelBackend, cfg, args, tp=args.gpus, tp_mode="exact")}
+        if args.gpus < 2:
+            return {**row, "not_run": "--gpus 1: no exchange to time"}
+        return {**row, **_time_tp_monokernel(cfg, args)}
     if backend == "monokernel-delayed":
         return {**row, "not_run": "no delayed-mode (lane) serving backend exists yet: engine/lanes has the CPU "
                                   "reference only"}
@@ -500,6 +503,75 @@ def _time_backend(cls, cfg: ModelConfig, args, tp: int, tp_mode: str) -> dict:
         return {"not_run": f"failed: {type(e).__name__}: {e}"}
 
 
+def _time_tp_monokernel(cfg: ModelConfig, args) -> dict:
+    """us/token of TPMonokernel on args.gpus GPUs and of Monokernel on GPU 0 (same weights, same random KV
+    context, same timing: one launch of args.tokens greedy steps from position ctx, median of args.reps, after a
+    warm-up launch), the exchange wait, and a 16-step teacher-forced check (ranks bit-identical, rel L2 to 1 GPU)."""
+    from kernels.runtime import Monokernel
+    from kernels.tp_runtime import TPMonokernel
+    max_len = args.ctx + max(args.tokens, args.warmup, 16) + 64
+    n = args.gpus
+    try:
+        model = random_fill(Model(cfg, device="cuda:0", dtype=torch.bfloat16, max_len=max_len), seed=0)
+        shape = (1, cfg.n_layers, cfg.n_kv_heads, max_len, cfg.head_dim)
+        g = torch.Generator(device="cuda:0").manual_seed(1)
+        k = torch.randn(shape, generator=g, device="cuda:0").bfloat16()
+        v = torch.randn(shape, generator=g, device="cuda:0").bfloat16()
+        tok0 = 1234 % cfg.vocab_size
+
+        def timed(eng, restore) -> float:
+            restore()
+            if args.warmup:
+                eng.run(0, tok0, args.ctx, args.warmup)
+            ts = []
+            for _ in range(args.reps):
+                restore()
+                t0 = time.perf_counter()
+                toks, _ = eng.run(0, tok0, args.ctx, args.tokens)
+                ts.append((time.perf_counter() - t0) / len(toks))
+            return statistics.median(ts) * 1e6
+
+        k1, v1 = k.clone(), v.clone()
+        mk = Monokernel(model, k1, v1, max_steps=max(args.tokens, args.warmup, 16) + 1)
+        us1 = timed(mk, lambda: (k1.copy_(k), v1.copy_(v)))
+        forced = torch.randint(0, cfg.vocab_size, (16,), generator=torch.Generator().manual_seed(2)).tolist()
+        k1.copy_(k), v1.copy_(v)
+        ref = torch.empty(16, cfg.vocab_size, device="cuda:0")
+        mk.run(0, forced[0], args.ctx, 16, forced=forced, logits_out=ref)
+        del mk, k1, v1
+        torch.cuda.empty_cache()
+        devs = [f"cuda:{i}" for i in range(n)]
+        steps = max(args.tokens, args.warmup, 16) + 1
+        # replicated LM head first: its per-rank logits show the residual streams are bit-identical
+        tp = TPMonokernel(model, devs, max_len=max_len, slots=1, max_steps=steps, vocab_parallel=False)
+        us_rep = timed(tp, lambda: tp.load_cache(k, v))
+        tp.load_cache(k, v)
+        outs = [torch.empty(16, cfg.vocab_size, device=d) for d in devs]
+        tp.run(0, forced[0], args.ctx, 16, forced=forced, rank_logits=outs)
+        same = all(torch.equal(outs[0], o.to("cuda:0")) for o in outs[1:])
+        del tp
+        torch.cuda.empty_cache()
+        tp = TPMonokernel(model, devs, max_len=max_len, slots=1, max_steps=steps)
+        us = timed(tp, lambda: tp.load_cache(k, v))
+        wait = tp.exchange_wait_us()      # of the last timed launch
+        tp.load_cache(k, v)
+        vp = torch.empty(16, cfg.vocab_size, device="cuda:0")
+        tp.run(0, forced[0], args.ctx, 16, forced=forced, logits_out=vp)
+        err = max(((vp[j].double() - ref[j].double()).norm() / ref[j].double().norm()).item() for j in range(16))
+        head = "vocabulary-parallel" if tp.vocab_parallel else "replicated (candidates do not fit)"
+        del tp, model
+        torch.cuda.empty_cache()
+        return {"us": us, "us_1gpu_same_run": us1, "speedup_vs_1gpu": us1 / us, "wait_us": wait["mean_us"],
+                "wait_max_us": wait["max_us"], "check_rel_l2_vs_1gpu": err, "ranks_bit_identical": same,
+                "vp_equals_replicated": bool(torch.equal(vp, outs[0])), "us_replicated_head": us_rep,
+                "lm_head": head,
+                "how": "one launch of --tokens greedy steps (tokens streamed to the host); 1-GPU Monokernel "
+                       "timed the same way in this run"}
+    except Exception as e:                    # noqa: BLE001
+        traceback.print_exc()
+        return {"not_run": f"failed: {type(e).__name__}: {e}"}
+
+
 # ---- output ------------------------------------------------------------------------------------------------
 def kv_bytes_per_token(cfg: ModelConfig, plan, rank: int, ctx: int, tokens: int) -> float:
     """K+V bytes (bf16) rank `rank` reads per token, averaged over the timed positions ctx..ctx+tokens-1."""
@@ -538,8 +610,8 @@ def table_rows(name: str, cfg: ModelConfig, peer: dict, mk: list[dict], gpus: in
     mk1 = next((m.get("us") for m in mk if m["backend"] == "monokernel-1gpu"), None)
     for m in mk:
         r = {"shape": name, **m, "roofline_us": roof(m["gpus"]) if m["gpus"] in plans else None}
-        if "us" in r and m["gpus"] > 1 and mk1:
-            r["speedup_vs_1gpu"] = mk1 / r["us"]
+        if "us" in r and m["gpus"] > 1 and mk1:   # a row timed against its own 1-GPU run keeps that ratio
+            r.setdefault("speedup_vs_1gpu", mk1 / r["us"])
         out.append(r)
     for r in out:
         if "us" in r:
@@ -561,6 +633,19 @@ def print_table(rows: list[dict]) -> None:
             notes.append(r["ops"])
         if r.get("check_rel_l2_vs_1gpu") is not None:
             notes.append(f"logits rel L2 vs 1 GPU {r['check_rel_l2_vs_1gpu']:.1e}")
+        if r.get("us_1gpu_same_run") is not None:
+            notes.append(f"1-GPU monokernel same run {r['us_1gpu_same_run']:.1f} us")
+        if r.get("wait_us") is not None:
+            notes.append(f"exchange wait {r['wait_us']:.1f} us/token per CTA (max {r.get('wait_max_us', 0):.1f})")
+        if r.get("ranks_bit_identical") is not None:
+            notes.append("ranks bit-identical" if r["ranks_bit_identical"] else "RANKS DIFFER")
+        if r.get("lm_head"):
+            notes.append(f"LM head {r['lm_head']}")
+        if r.get("us_replicated_head") is not None:
+            notes.append(f"replicated head {r['us_replicated_head']:.1f} us")
+        if r.get("vp_equals_replicated") is not None:
+            notes.append("vocab-parallel logits = replicated" if r["vp_equals_replicated"]
+                         else "VOCAB-PARALLEL LOGITS DIFFER")
         log(f"{r['shape']:<10} {r['backend']:<26} {r['gpus']:>4} {f('us', '{:.1f}', 9)} {f('tok_s', '{:.0f}', 7)} "
             f"{f('speedup_vs_1gpu', '{:.2f}x', 7)} {f('pct_roofline', '{:.0f}%', 6)} {f('comm_cost_us', '{:.1f}', 8)} "
             f"{f('collectives_only_us', '{:.1f}', 8)}  {'; '.join(notes)}")

@@ -81,6 +81,12 @@ PARAM_FIELDS = [
     ("forced", "p:const int"), ("logits_out", "p:float"), ("out_tokens", "p:int"),
     ("host_tokens", "p:int"), ("host_stat", "p:int"), ("cancel", "p:const int"), ("stop_ids", "p:const int"),
     ("trace", "p:unsigned long long"),   # optional [n_sm, trace_stride, TRACE_WORDS] globaltimer ns, else NULL
+    # Tensor parallelism (tp_size > 1, mk_exchange.cuh): this rank's receive buffer [L][2][tp_size][d] fp32
+    # (OPROJ / DOWN partials by source rank), optional per-CTA exchange-wait ns (u64 [n_sm]), and every rank's
+    # receive buffer, counters and status words (peer-mapped; index = rank, this rank's own included).
+    ("recv", "p:float"), ("xwait", "p:unsigned long long"),
+    ("peer_recv", "a8:float"), ("peer_ctr", "a8:unsigned"), ("peer_status", "a8:int"),
+    ("peer_lmrec", "a8:float"),          # vocabulary-parallel LM head: every rank's record array
     ("seed", "u64"), ("watchdog_cycles", "u64"),
     ("eps", "f32"), ("attn_scale", "f32"), ("temperature", "f32"), ("top_p", "f32"),
     ("d", "i32"), ("q_dim", "i32"), ("kv_dim", "i32"), ("ffn", "i32"), ("vocab", "i32"), ("n_layers", "i32"),
@@ -95,9 +101,17 @@ PARAM_FIELDS = [
     ("stage_floats", "i32"),     # size of the staging region (floats from sm_kv); the combine reuses it
     ("sm_vec", "i32"), ("sm_red", "i32"), ("sm_out", "i32"), ("sm_scr", "i32"), ("sm_kv", "i32"),
     ("token_ctr", "i32"),
+    ("tp_rank", "i32"), ("tp_size", "i32"),   # 0, 1 on a single GPU: no exchange code runs
+    # Vocabulary-parallel LM head (lm_parallel 1): this rank's rows are global ids vocab_off + local row (vocab is
+    # the full size, the logits_out stride); its records go to slots rec_off + aux on every rank, and n_lm counts
+    # all ranks' records. 0, 0, 0 on a single GPU.
+    ("vocab_off", "i32"), ("rec_off", "i32"), ("lm_parallel", "i32"),
 ]
 # status[] words (device) and host_stat[] words (mapped host memory)
 STATUS_STOP, STATUS_REASON, STATUS_ABORT = 0, 1, 2   # stop: 0 running, else (last step + 1); abort: watchdog
+# tp_size > 1: rank 0 saw the host's cancel flag; every rank cancels from step (word - 1) on (0 = no cancel).
+STATUS_TP_CANCEL = 3
+MAX_TP = 8                 # ranks the peer-pointer arrays of MkParams hold
 HOST_COUNT, HOST_DONE, HOST_REASON = 0, 1, 2
 # A wait that spins longer than watchdog_cycles aborts the whole launch and reports where it was stuck.
 HOST_WD_BLOCK, HOST_WD_CTR, HOST_WD_TARGET, HOST_WD_VALUE, HOST_WD_STEP = 3, 4, 5, 6, 7
@@ -114,6 +128,8 @@ def _c_fields(fields) -> list[str]:
     for name, kind in fields:
         if kind.startswith("p:"):
             out.append(f"    {kind[2:]}* {name};")
+        elif kind.startswith("a8:"):   # MAX_TP pointers
+            out.append(f"    {kind[3:]}* {name}[{MAX_TP}];")
         else:
             out.append(f"    {dict(u64='unsigned long long', f32='float', i32='int')[kind]} {name};")
     return out
@@ -148,6 +164,8 @@ def render_header() -> str:
         f"#define MK_HOST_DONE {HOST_DONE}",
         f"#define MK_HOST_REASON {HOST_REASON}",
         f"#define MK_STATUS_ABORT {STATUS_ABORT}",
+        f"#define MK_STATUS_TP_CANCEL {STATUS_TP_CANCEL}",
+        f"#define MK_MAX_TP {MAX_TP}",
         f"#define MK_HOST_WD_BLOCK {HOST_WD_BLOCK}",
         f"#define MK_HOST_WD_CTR {HOST_WD_CTR}",
         f"#define MK_HOST_WD_TARGET {HOST_WD_TARGET}",

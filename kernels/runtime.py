@@ -21,6 +21,8 @@ log = logging.getLogger("kernels")
 
 
 def _ctype(kind: str):
+    if kind.startswith("a8:"):
+        return ctypes.c_void_p * isa.MAX_TP
     return {"u64": ctypes.c_uint64, "f32": ctypes.c_float, "i32": ctypes.c_int32}.get(kind, ctypes.c_void_p)
 
 
@@ -40,6 +42,7 @@ def load_library() -> ctypes.CDLL:
     if _LIB is None:
         lib = ctypes.CDLL(str(build()))
         lib.mk_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+        lib.mk_start.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         lib.mk_host_alloc.argtypes = [ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
         lib.mk_host_free.argtypes = [ctypes.c_void_p]
         lib.mk_error_string.restype = ctypes.c_char_p
@@ -79,7 +82,9 @@ class Monokernel:
     """model: engine.model.Model on a CUDA device; k_cache/v_cache: [S, L, kvh, max_len, hd] bf16."""
 
     def __init__(self, model, k_cache: torch.Tensor, v_cache: torch.Tensor, max_steps: int = 4096,
-                 n_sm: int | None = None):
+                 n_sm: int | None = None, sched: Schedule | None = None):
+        """sched: a prebuilt schedule for this model's shape and n_sm (tensor parallelism passes one whose
+        exchanged waits count every rank's producers: kernels/tp_runtime.py)."""
         self.lib = lib = load_library()
         self.model, self.cfg = model, model.cfg
         dev = model.device
@@ -93,7 +98,7 @@ class Monokernel:
         self.dims = Dims.of(cfg)
         props = torch.cuda.get_device_properties(dev)
         self.n_sm = n_sm or props.multi_processor_count
-        self.sched: Schedule = build_schedule(self.dims, self.n_sm)
+        self.sched: Schedule = sched if sched is not None else build_schedule(self.dims, self.n_sm)
         # Attention staging after the working buffers (mk_attention.cuh): per position its K and V rows (bf16) and
         # MAX_GROUP scores, then 3 x MAX_GROUP running softmax values. A split's first chunk of positions is copied
         # in before its wait (attn_prefetch); longer splits go through it in chunks of kv_stage_pos positions.
@@ -183,6 +188,19 @@ class Monokernel:
                logits_out: torch.Tensor | None = None) -> None:
         """Start the token loop (asynchronous). forced: tokens fed at steps 0.. (teacher forcing, len >= n_steps);
         logits_out: fp32 [n_steps, V] receives every step's logits."""
+        p = self.params(slot, token, pos0, n_steps, temperature, top_p, seed, stop_ids, forced, logits_out)
+        self.stream = torch.cuda.current_stream(self.device)
+        self.lib.mk_set_device(self.dev_index)   # per host thread: the engine worker may not be the creator
+        err = self.lib.mk_launch(ctypes.byref(p), self.n_sm, self.smem, ctypes.c_void_p(self.stream.cuda_stream),
+                                 self.sched.n_counters)
+        _check(self.lib, err, "monokernel launch")
+        self.running = True
+        self.n_steps = n_steps
+
+    def params(self, slot: int, token: int, pos0: int, n_steps: int, temperature: float = 0.0, top_p: float = 1.0,
+               seed: int | None = None, stop_ids=(), forced: list[int] | None = None,
+               logits_out: torch.Tensor | None = None) -> MkParams:
+        """The launch parameters (kept in self._params) and the host-side resets of a launch; tp_size 1."""
         if self.running:
             raise RuntimeError("monokernel: a launch is still running")
         cfg, dm, sc = self.cfg, self.dims, self.sched
@@ -236,14 +254,9 @@ class Monokernel:
         for k, v in self.layout.items():
             setattr(p, k, v)
         p.token_ctr = isa.token_counter(dm.n_layers)
+        p.tp_rank, p.tp_size = 0, 1
         self._params = p
-        self.stream = torch.cuda.current_stream(self.device)
-        self.lib.mk_set_device(self.dev_index)   # per host thread: the engine worker may not be the creator
-        err = self.lib.mk_launch(ctypes.byref(p), self.n_sm, self.smem, ctypes.c_void_p(self.stream.cuda_stream),
-                                 sc.n_counters)
-        _check(self.lib, err, "monokernel launch")
-        self.running = True
-        self.n_steps = n_steps
+        return p
 
     def enable_trace(self, step: int | None) -> None:
         """Record per-instruction timestamps of token step `step` in every later launch (None: off); read them

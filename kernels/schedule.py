@@ -54,6 +54,9 @@ class Schedule:
     counts: dict[str, int]            # instructions per stage (per layer for layer stages)
     per_sm: list[list[tuple[int, ...]]] = field(default_factory=list)
     n_counters: int = 0
+    # Tensor parallelism (with_exchange): counter index -> producers per step over all ranks, for the stage
+    # counters every rank's OPROJ / DOWN instructions bump. Empty on a single GPU.
+    exchanged: dict[int, int] = field(default_factory=dict)
 
     @property
     def n_lm(self) -> int:
@@ -144,6 +147,32 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None) -> Schedule:
     return sched
 
 
+def with_exchange(scheds: list[Schedule], lm_parallel: bool = False) -> list[Schedule]:
+    """Rank schedules of one tensor-parallel model (scheds[r]: rank r's local shape, same n_layers and n_sm).
+    Every rank's OPROJ / DOWN instruction bumps that stage's counter on every rank (mk_exchange.cuh), so the
+    waits on those counters (QKV of layer > 0, GATEUP, LMHEAD) must count all ranks' producers; with a
+    vocabulary-parallel LM head (lm_parallel) every rank's LMHEAD blocks also bump every rank's LM counter, which
+    the sampler waits on. Returns new schedules with those wait counts; the instruction lists are otherwise
+    unchanged."""
+    L = scheds[0].dims.n_layers
+    if any(s.dims.n_layers != L or s.n_sm != scheds[0].n_sm for s in scheds):
+        raise ValueError("rank schedules differ in layer count or SM count")
+    tot = {op: sum(s.counts[op] for s in scheds) for op in ("OPROJ", "DOWN")}
+    exchanged = {}
+    for layer in range(L):
+        exchanged[isa.counter_index(layer, isa.CTR_OPROJ)] = tot["OPROJ"]
+        exchanged[isa.counter_index(layer, isa.CTR_DOWN)] = tot["DOWN"]
+    if lm_parallel:
+        exchanged[isa.lm_counter(L)] = sum(s.n_lm for s in scheds)
+    out = []
+    for s in scheds:
+        per_sm = [[ins[:5] + (exchanged[ins[4]],) + ins[6:] if ins[4] in exchanged else ins for ins in lst]
+                  for lst in s.per_sm]
+        out.append(Schedule(dims=s.dims, n_sm=s.n_sm, n_splits=s.n_splits, rows=dict(s.rows),
+                            counts=dict(s.counts), per_sm=per_sm, n_counters=s.n_counters, exchanged=exchanged))
+    return out
+
+
 def check(sched: Schedule) -> None:
     """Static checks: rows covered exactly once per stage, waits match the number of signallers per step,
     every SM's list is in global stage order (no deadlock with all CTAs resident)."""
@@ -188,5 +217,8 @@ def check(sched: Schedule) -> None:
             op, layer, a0, a1, wc, wn, sc, aux = ins
             if wc == isa.token_counter(L):
                 assert wn == 1
+            elif wc in sched.exchanged:   # this rank's producers are part of the count; the rest are peers
+                assert wn == sched.exchanged[wc] and 0 < signallers.get(wc, 0) <= wn, \
+                    f"{ins}: exchanged wait for {wn}, {signallers.get(wc)} local signallers"
             else:
                 assert signallers.get(wc) == wn, f"{ins}: waits for {wn} signals, {signallers.get(wc)} exist"

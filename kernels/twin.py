@@ -260,7 +260,7 @@ class Twin:
         return rec
 
     def _sample(self, step: int, env) -> None:
-        recs = [env["recs"][i] for i in range(self.s.n_lm)]
+        recs = [env["recs"][i] for i in range(env.get("n_records", self.s.n_lm))]   # TP: every rank's records
         T, top_p, seed = env["temperature"], env["top_p"], env["seed"]
         env["out_logits"].append(env["logits"].clone())
         state = env["state"]

@@ -65,14 +65,15 @@ MK_DEV void block_argmax(float& v, int& idx, float* scr) {
 
 // Thread 0 spins until *c >= target. Returns false (in every thread) when the launch is aborted: this wait
 // outlived the watchdog (it reports itself to the host and raises the abort flag) or another CTA's did.
-MK_DEV bool wait_ctr(const MkParams& p, const unsigned* c, unsigned target, int step, int* sflag) {
+// sys: the counter is also bumped by other GPUs (tensor parallelism, mk_exchange.cuh): acquire at system scope.
+MK_DEV bool wait_ctr(const MkParams& p, const unsigned* c, unsigned target, int step, int* sflag, bool sys = false) {
     if (threadIdx.x == 0) {
         int ok = 1;
-        if (mk_ld_acquire(c) < target) {
+        if ((sys ? mk_ld_acquire_sys(c) : mk_ld_acquire(c)) < target) {
             const long long t0 = clock64();
             unsigned it = 0;
             unsigned v;
-            while ((v = mk_ld_acquire(c)) < target) {
+            while ((v = sys ? mk_ld_acquire_sys(c) : mk_ld_acquire(c)) < target) {
                 if ((++it & 255u) == 0) {
                     if (*(volatile int*)(p.status + MK_STATUS_ABORT)) { ok = 0; break; }
                     if ((unsigned long long)(clock64() - t0) > p.watchdog_cycles) {

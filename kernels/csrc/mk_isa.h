@@ -34,6 +34,8 @@
 #define MK_HOST_DONE 1
 #define MK_HOST_REASON 2
 #define MK_STATUS_ABORT 2
+#define MK_STATUS_TP_CANCEL 3
+#define MK_MAX_TP 8
 #define MK_HOST_WD_BLOCK 3
 #define MK_HOST_WD_CTR 4
 #define MK_HOST_WD_TARGET 5
@@ -80,6 +82,12 @@ struct MkParams {
     const int* cancel;
     const int* stop_ids;
     unsigned long long* trace;
+    float* recv;
+    unsigned long long* xwait;
+    float* peer_recv[8];
+    unsigned* peer_ctr[8];
+    int* peer_status[8];
+    float* peer_lmrec[8];
     unsigned long long seed;
     unsigned long long watchdog_cycles;
     float eps;
@@ -115,4 +123,9 @@ struct MkParams {
     int sm_scr;
     int sm_kv;
     int token_ctr;
+    int tp_rank;
+    int tp_size;
+    int vocab_off;
+    int rec_off;
+    int lm_parallel;
 };

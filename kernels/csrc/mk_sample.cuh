@@ -98,7 +98,7 @@ MK_DEV void op_sample(const MkParams& p, int step, float* sm, float* scr, int* s
     const int W = MK_REC_WORDS, n = p.n_lm;
     const float T = p.temperature;
     int cancelled = 0;
-    if (threadIdx.x == 0) cancelled = *(volatile const int*)p.cancel;
+    if (threadIdx.x == 0) cancelled = xr_cancelled(p, step);
     if (threadIdx.x == 0) sflag[0] = cancelled;
     __syncthreads();
     cancelled = sflag[0];

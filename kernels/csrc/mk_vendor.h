@@ -30,6 +30,17 @@ MK_DEV unsigned mk_ld_acquire(const unsigned* p) {
 MK_DEV void mk_red_release(unsigned* p, unsigned v) {
     asm volatile("red.release.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
+// Tensor parallelism: counters and data other GPUs write over NVLink (peer-mapped) need system scope.
+MK_DEV unsigned mk_ld_acquire_sys(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+// fence + relaxed add = a release pattern; one fence covers the adds to several GPUs' counters.
+MK_DEV void mk_fence_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+MK_DEV void mk_red_relaxed_sys(unsigned* p, unsigned v) {
+    asm volatile("red.relaxed.sys.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
 MK_DEV unsigned mk_atom_acq_rel(unsigned* p, unsigned v) {
     unsigned old;
     asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");

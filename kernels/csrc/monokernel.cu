@@ -22,6 +22,7 @@ MK_DEV void trace(const MkParams& p, int step, int ii, int k) {
 }
 
 #include "mk_block.cuh"
+#include "mk_exchange.cuh"
 #include "mk_matvec.cuh"
 #include "mk_sample.cuh"
 #include "mk_attention.cuh"
@@ -109,12 +110,11 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
                 else attn_prefetch<128>(p, ins, pos, sm);
             }
             trace(p, step, ii, 0);
-            if (!wait_ctr(p, p.ctr + ins[MK_F_WAIT_CTR], (unsigned)((step + 1) * ins[MK_F_WAIT_N]), step, sflag))
-                return;
+            if (!xr_wait(p, ins, step, sflag)) return;
             trace(p, step, ii, 1);
             switch (op) {
             case MK_OP_QKV: {
-                norm_vec(sv, p.x, Lw.ln1, p.d, p.eps, scr);
+                xr_norm(p, sv, Lw.ln1, op, layer, scr);
                 trace(p, step, ii, 3);
                 matvec(m, R, K, sv, red, out, w, cb, pre);
                 for (int r = threadIdx.x; r < a1; r += NT)
@@ -131,11 +131,11 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
                 __syncthreads();
                 trace(p, step, ii, 3);
                 matvec(m, R, K, sv, red, out, w, cb, pre);
-                for (int r = threadIdx.x; r < a1; r += NT) p.x[a0 + r] = mk_ld_cg(p.x + a0 + r) + out[r];
+                xr_residual(p, op, layer, a0, a1, out);
                 break;
             }
             case MK_OP_GATEUP: {
-                norm_vec(sv, p.x, Lw.ln2, p.d, p.eps, scr);
+                xr_norm(p, sv, Lw.ln2, op, layer, scr);
                 trace(p, step, ii, 3);
                 matvec(m, R, K, sv, red, out, w, cb, pre);
                 for (int r = threadIdx.x; r < a1; r += NT) {
@@ -149,17 +149,19 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
                 __syncthreads();
                 trace(p, step, ii, 3);
                 matvec(m, R, K, sv, red, out, w, cb, pre);
-                for (int r = threadIdx.x; r < a1; r += NT) p.x[a0 + r] = mk_ld_cg(p.x + a0 + r) + out[r];
+                xr_residual(p, op, layer, a0, a1, out);
                 break;
             }
             case MK_OP_LMHEAD: {
-                norm_vec(sv, p.x, p.final_norm, p.d, p.eps, scr);
+                xr_norm(p, sv, p.final_norm, op, layer, scr);
                 trace(p, step, ii, 3);
                 matvec(m, R, K, sv, red, out, w, cb, pre);
                 if (p.logits_out)
                     for (int r = threadIdx.x; r < a1; r += NT)
-                        p.logits_out[(size_t)step * p.vocab + a0 + r] = out[r];
-                lm_record(p, out, a1, a0, step, p.lmrec + (size_t)ins[MK_F_AUX] * MK_REC_WORDS, scr);
+                        p.logits_out[(size_t)step * p.vocab + p.vocab_off + a0 + r] = out[r];
+                lm_record(p, out, a1, p.vocab_off + a0, step,
+                          p.lmrec + (size_t)(p.rec_off + ins[MK_F_AUX]) * MK_REC_WORDS, scr);
+                xr_push_record(p, ins[MK_F_AUX]);
                 break;
             }
             case MK_OP_SAMPLE:
@@ -168,7 +170,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             default:
                 break;
             }
-            signal_ctr(p.ctr + ins[MK_F_SIG_CTR]);
+            xr_signal(p, op, ins[MK_F_SIG_CTR]);
             trace(p, step, ii, 2);
         }
     }
@@ -197,13 +199,22 @@ const char* mk_error_string(int e) { return cudaGetErrorString((cudaError_t)e); 
 int mk_set_device(int dev) { return (int)cudaSetDevice(dev); }
 
 // Counters and status are zeroed on the stream first, so every launch starts at step 0 with no reset inside.
+// mk_start launches without zeroing: tensor parallelism zeroes every rank's counters (which peers bump) before
+// any rank starts (kernels/tp_runtime.py).
+int mk_start(const MkParams* p, int grid, int smem, void* stream);
+
 int mk_launch(const MkParams* p, int grid, int smem, void* stream, int n_ctr) {
     cudaStream_t s = (cudaStream_t)stream;
-    cudaError_t e = cudaFuncSetAttribute(mk_decode, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return (int)e;
-    e = cudaMemsetAsync(p->ctr, 0, sizeof(unsigned) * (size_t)n_ctr, s);
+    cudaError_t e = cudaMemsetAsync(p->ctr, 0, sizeof(unsigned) * (size_t)n_ctr, s);
     if (e != cudaSuccess) return (int)e;
     e = cudaMemsetAsync(p->status, 0, sizeof(int) * 4, s);
+    if (e != cudaSuccess) return (int)e;
+    return mk_start(p, grid, smem, stream);
+}
+
+int mk_start(const MkParams* p, int grid, int smem, void* stream) {
+    cudaStream_t s = (cudaStream_t)stream;
+    cudaError_t e = cudaFuncSetAttribute(mk_decode, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return (int)e;
     MkParams local = *p;
     void* args[] = {&local};

@@ -19,8 +19,8 @@ def test_header_mentions_every_op_and_field():
         assert f"#define MK_OP_{name} {code}" in text
     for i, f in enumerate(isa.FIELDS):
         assert f"#define MK_F_{f.upper()} {i}" in text
-    for name, _ in isa.PARAM_FIELDS:
-        assert f" {name};" in text
+    for name, kind in isa.PARAM_FIELDS:
+        assert (f" {name}[{isa.MAX_TP}];" if kind.startswith("a8:") else f" {name};") in text
 
 
 def test_ctypes_mirror_matches_field_list():
@@ -28,8 +28,9 @@ def test_ctypes_mirror_matches_field_list():
     assert [f[0] for f in MkLayer._fields_] == [n for n, _ in isa.LAYER_FIELDS]
     assert ctypes.sizeof(MkLayer) == 8 * len(isa.LAYER_FIELDS)
     # pointers and the u64 come first, so the 4-byte tail packs without holes
-    n8 = sum(1 for _, k in isa.PARAM_FIELDS if k.startswith("p:") or k == "u64")
-    n4 = len(isa.PARAM_FIELDS) - n8
+    n8 = sum(isa.MAX_TP if k.startswith("a8:") else 1 for _, k in isa.PARAM_FIELDS
+             if k.startswith(("p:", "a8:")) or k == "u64")
+    n4 = sum(1 for _, k in isa.PARAM_FIELDS if k in ("i32", "f32"))
     assert ctypes.sizeof(MkParams) == 8 * n8 + 4 * n4 + (4 * n4) % 8
 
 
