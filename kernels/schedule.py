@@ -76,9 +76,7 @@ class Schedule:
         dm = self.dims
         vec = max(dm.d, dm.q_dim, dm.ffn)
         out = max(r * (2 if op == "GATEUP" else 1) for op, r in self.rows.items())
-        # ATTN: rotated q ([MAX_GROUP][head_dim + 16], padded quarters) + the values pass's per-position-group sums
-        # ([NTHREADS / (head_dim / 2)][MAX_GROUP][head_dim] = 2 x NTHREADS x MAX_GROUP floats).
-        attn = isa.MAX_GROUP * (dm.head_dim + 16) + 2 * isa.NTHREADS * isa.MAX_GROUP
+        attn = isa.MAX_GROUP * dm.head_dim
         return 4 * max(vec + isa.SMEM_RED_FLOATS + out, attn)
 
 

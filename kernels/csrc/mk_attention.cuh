@@ -17,19 +17,11 @@ MK_DEV void attn_span(const MkParams& p, int split, int n, int& p0, int& p1) {
 }
 
 // Copy `rows` K and V cache rows (from gk / gv) into the staging buffers (cp.async; the caller waits + syncs).
-// K rows are stored swizzled: 16-byte chunk c of staged row r sits at chunk c ^ (r & 7) of that row, so the 8 lanes
-// of a quarter warp reading the same logical chunk of 8 consecutive rows hit 8 different bank groups.
-template <int HD>
-MK_DEV int kswz(int r, int c) {
-    return r * (HD / 8) + (c ^ (r & 7));
-}
-
 template <int HD>
 MK_DEV void attn_stage(const mk_bf16* gk, const mk_bf16* gv, mk_bf16* sk, mk_bf16* sv, int rows) {
     constexpr int CPR = HD * 2 / 16;   // 16-byte chunks per row
     for (int c = threadIdx.x; c < rows * CPR; c += NT) {
-        const int r = c / CPR;
-        mk_cp_async16(sk + kswz<HD>(r, c - r * CPR) * 8, gk + c * 8);
+        mk_cp_async16(sk + c * 8, gk + c * 8);
         mk_cp_async16(sv + c * 8, gv + c * 8);
     }
 }
@@ -53,18 +45,15 @@ MK_DEV void attn_prefetch(const MkParams& p, const int* ins, int pos, float* sm)
 // finish (ticket) combines the partials into attn[] and bumps ATTN_DONE.
 //
 // The whole CTA works on one chunk of staged positions at a time (chunk 0 was copied before the wait):
-//   scores:  4 lanes per position, each a quarter of the dims for every q head (a K row is read once, q is a
-//            broadcast), summed by 2 shuffles; a warp covers 8 positions x 4 quarters;
+//   scores:  one thread per (q head, position) dot product, K row words read rotated by the position so the 32
+//            lanes of a warp hit 32 different banks;
 //   softmax: one warp per q head: chunk max, running max, weights e = exp(s - max) in place, running sum;
-//   values:  thread (dim pair, position group) accumulates every q head's sum_p e_p v_p (a V row is read once per
-//            chunk); the position groups are summed in shared memory at the end.
-// No serial per-position chain (v1: 5 dependent positions per warp, each with a warp reduction per q head).
+//   values:  one thread per (q head, pair of dims) accumulates sum_p e_p v_p over the chunk.
+// No serial per-position chain and no cross-warp merge (v1 had both: 5 dependent positions per warp, each with a
+// warp reduction per q head, then a merge of 16 warp partials).
 template <int HD>
 MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos, float* sm, int* sflag) {
     constexpr int HALF = HD / 2, W = HD / 2;   // W: bf16 pairs per row
-    constexpr int L = 4, SW = HD / L, CPL = SW / 8, QS = L * (SW + 4);   // lanes per position, dims per lane,
-                                                                         // chunks per lane, padded q row
-    constexpr int PG = NT / W;                                          // position groups of the values pass
     const int layer = ins[MK_F_LAYER], head = ins[MK_F_A0], split = ins[MK_F_A1];
     const int g = p.group, S = p.n_splits;
     const int n = pos + 1;
@@ -80,8 +69,7 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
     const size_t row0 = ((size_t)layer * p.n_kv + head) * (size_t)p.max_len;
     mk_bf16* kc = p.k_cache + row0 * HD;
     mk_bf16* vc = p.v_cache + row0 * HD;
-    float* sq = sm;                               // [MAX_GROUP][QS] rotated, scaled q (4 floats of pad per quarter)
-    float* vred = sm + MK_MAX_GROUP * QS;         // [PG][MAX_GROUP][HD] values pass, per position group
+    float* sq = sm;                               // [MAX_GROUP][HD] rotated, scaled q
     if (split < S_eff) {   // CTA-uniform: the barriers inside are safe
         for (int e = threadIdx.x; e < g * HD; e += NT) {
             const int j = e / HD, i = e - j * HD;
@@ -89,7 +77,7 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
             const float a = mk_ld_cg(q + i), b = mk_ld_cg(q + (i < HALF ? i + HALF : i - HALF));
             float s, c;
             sincosf((float)pos * p.inv_freq[i % HALF], &s, &c);
-            sq[j * QS + (i / SW) * (SW + 4) + i % SW] = (i < HALF ? a * c - b * s : a * c + b * s) * p.attn_scale;
+            sq[e] = (i < HALF ? a * c - b * s : a * c + b * s) * p.attn_scale;
         }
         if (split == S_eff - 1) {
             const float* k = p.qkv + p.q_dim + head * HD;
@@ -102,7 +90,7 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
                 kc[(size_t)pos * HD + i] = kb;
                 vc[(size_t)pos * HD + i] = vb;
                 if (pos - p0 < cap) {   // this step's row joins the staged chunk 0
-                    stk[kswz<HD>(pos - p0, i >> 3) * 8 + (i & 7)] = kb;
+                    stk[(size_t)(pos - p0) * HD + i] = kb;
                     stv[(size_t)(pos - p0) * HD + i] = vb;
                 }
             }
@@ -114,7 +102,10 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
         mk_cp_async_wait_all();   // this thread's staged K/V rows; the barrier publishes everyone's
         __syncthreads();
         trace(p, step, ii, 4);   // rotated q (and this step's K/V) ready
-        const int dp = threadIdx.x % W, pg = threadIdx.x / W;   // values pass: dims (2dp, 2dp + 1), group pg
+        // Output ownership: thread t accumulates dims (od, od + 1) of q head oj (g * HD / 2 <= 512 = NT).
+        const int oj = threadIdx.x / W, od = 2 * (threadIdx.x - oj * W);
+        const bool owner = oj < g;
+        float a0 = 0.f, a1 = 0.f;
         for (int c0 = p0; c0 < p1; c0 += cap) {
             const int C = min(cap, p1 - c0);
             if (c0 > p0) {   // a later chunk: after every reader of the previous one, copy it in
@@ -123,38 +114,20 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
                 mk_cp_async_wait_all();
                 __syncthreads();
             }
-            // scores: lane l of warp w -> position 8 w' + (l & 7), quarter l >> 3 (w' counts warps over rounds)
-            for (int t0 = 0; t0 < ((C + 7) >> 3) * 32; t0 += NT) {
-                const int t = t0 + threadIdx.x;
-                const int pp = (t >> 5) * 8 + (t & 7), ql = (t >> 3) & 3;
-                float s[MK_MAX_GROUP];
-#pragma unroll
-                for (int j = 0; j < MK_MAX_GROUP; ++j) s[j] = 0.f;
-                if (pp < C) {
-                    const uint4* kr = (const uint4*)stk;
-#pragma unroll 1
-                    for (int cc = 0; cc < CPL; ++cc) {
-                        float kf[8];
-                        mk_unpack8(kr[kswz<HD>(pp, ql * CPL + cc)], kf);
-#pragma unroll
-                        for (int j = 0; j < MK_MAX_GROUP; ++j) {
-                            if (j < g) {
-                                const float* qj = sq + j * QS + ql * (SW + 4) + cc * 8;
-                                const float4 qa = *(const float4*)qj, qb = *(const float4*)(qj + 4);
-                                s[j] += qa.x * kf[0] + qa.y * kf[1] + qa.z * kf[2] + qa.w * kf[3] +
-                                        qb.x * kf[4] + qb.y * kf[5] + qb.z * kf[6] + qb.w * kf[7];
-                            }
-                        }
-                    }
+            for (int t = threadIdx.x; t < g * C; t += NT) {
+                const int j = t / C, pp = t - j * C;
+                const unsigned* kr = (const unsigned*)(stk + (size_t)pp * HD);
+                const float* qj = sq + j * HD;
+                float s0 = 0.f, s1 = 0.f;
+#pragma unroll 8
+                for (int w = 0; w < W; ++w) {
+                    const int ww = (w + pp) & (W - 1);
+                    const unsigned u = kr[ww];
+                    const float2 qq = *(const float2*)(qj + 2 * ww);
+                    s0 += qq.x * __uint_as_float(u << 16);
+                    s1 += qq.y * __uint_as_float(u & 0xffff0000u);
                 }
-#pragma unroll
-                for (int j = 0; j < MK_MAX_GROUP; ++j) {
-                    if (j < g) {   // g is uniform: every lane shuffles
-                        s[j] += mk_shfl_xor(s[j], 8);
-                        s[j] += mk_shfl_xor(s[j], 16);
-                        if (pp < C && ql == 0) sc[j * cap + pp] = s[j];
-                    }
-                }
+                sc[j * cap + pp] = s0 + s1;
             }
             __syncthreads();
             if (warp < g) {
@@ -178,47 +151,20 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
                 }
             }
             __syncthreads();
-            // values: this chunk's positions pg, pg + PG, ... into the group's running sums (kept in vred, which
-            // only this thread touches until the final barrier: registers stay free for the scores pass)
-            float acc[MK_MAX_GROUP][2];
-#pragma unroll
-            for (int j = 0; j < MK_MAX_GROUP; ++j) acc[j][0] = acc[j][1] = 0.f;
-            for (int pp = pg; pp < C; pp += PG) {
-                const unsigned u = *(const unsigned*)(stv + (size_t)pp * HD + 2 * dp);
-                const float v0 = __uint_as_float(u << 16), v1 = __uint_as_float(u & 0xffff0000u);
-#pragma unroll
-                for (int j = 0; j < MK_MAX_GROUP; ++j) {
-                    if (j < g) {
-                        const float e = sc[j * cap + pp];
-                        acc[j][0] += e * v0;
-                        acc[j][1] += e * v1;
-                    }
+            if (owner) {
+                const float* ej = sc + oj * cap;
+                const mk_bf16* vcol = stv + od;
+                float b0 = 0.f, b1 = 0.f;
+#pragma unroll 4
+                for (int pp = 0; pp < C; ++pp) {
+                    const unsigned u = *(const unsigned*)(vcol + (size_t)pp * HD);
+                    const float e = ej[pp];
+                    b0 += e * __uint_as_float(u << 16);
+                    b1 += e * __uint_as_float(u & 0xffff0000u);
                 }
-            }
-#pragma unroll
-            for (int j = 0; j < MK_MAX_GROUP; ++j) {
-                if (j < g) {
-                    float2* d = (float2*)(vred + ((size_t)pg * MK_MAX_GROUP + j) * HD + 2 * dp);
-                    if (c0 == p0) {
-                        *d = make_float2(acc[j][0], acc[j][1]);
-                    } else {
-                        const float corr = sml[2 * MK_MAX_GROUP + j];
-                        const float2 o = *d;
-                        *d = make_float2(o.x * corr + acc[j][0], o.y * corr + acc[j][1]);
-                    }
-                }
-            }
-        }
-        __syncthreads();
-        // Output ownership: thread t sums dims (od, od + 1) of q head oj over the position groups (g * W <= NT).
-        const int oj = threadIdx.x / W, od = 2 * (threadIdx.x - oj * W);
-        const bool owner = oj < g;
-        float a0 = 0.f, a1 = 0.f;
-        if (owner) {
-            for (int q = 0; q < PG; ++q) {
-                const float2 v = *(const float2*)(vred + ((size_t)q * MK_MAX_GROUP + oj) * HD + od);
-                a0 += v.x;
-                a1 += v.y;
+                const float corr = sml[2 * MK_MAX_GROUP + oj];
+                a0 = a0 * corr + b0;
+                a1 = a1 * corr + b1;
             }
         }
         trace(p, step, ii, 5);   // every position done
@@ -244,7 +190,7 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
         // floats) are copied into the staging region with all threads' loads in flight at once (one L2 round trip
         // per batch of splits that fits), then each thread merges its output elements (at most 2: g * HD <= 2 * NT)
         // over the splits in order with the online-softmax rule.
-        constexpr int LB = 8;   // float2 loads in flight per thread (16 spills registers)
+        constexpr int LB = 16;   // float2 loads in flight per thread
         const int per = g * (HD + 2);
         const int SB = max(1, min(S_eff, p.stage_floats / per));
         const float* pbase = p.part + (size_t)head * S * per;
