@@ -196,6 +196,17 @@ class TPMonokernel:
                 streams.append(torch.cuda.current_stream(self.devices[r]))
         for s in streams:
             s.synchronize()
+        # mk_set_device switches the thread's current context, which torch shares: give the caller its device back,
+        # even when a launch raises.
+        caller = torch.cuda.current_device()
+        try:
+            self._start_ranks(params, streams, n_steps)
+        finally:
+            torch.cuda.set_device(caller)
+        self.running = True
+        self.n_steps = n_steps
+
+    def _start_ranks(self, params, streams, n_steps: int) -> None:
         for r, mk in enumerate(self.ranks):
             _check(self.lib, self.lib.mk_set_device(self.dev_idx[r]), "cudaSetDevice")
             err = self.lib.mk_start(ctypes.byref(params[r]), mk.n_sm, mk.smem, ctypes.c_void_p(streams[r].cuda_stream))
@@ -206,8 +217,6 @@ class TPMonokernel:
                                    f"{err} ({self.lib.mk_error_string(err).decode()}); ranks 0..{r - 1} are running "
                                    "and will stop on their watchdog")
             mk.stream, mk.running, mk.n_steps = streams[r], True, n_steps
-        self.running = True
-        self.n_steps = n_steps
 
     # ---- streaming side: rank 0 ----
     def count(self) -> int:
