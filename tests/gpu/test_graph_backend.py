@@ -6,10 +6,8 @@ import pytest
 import torch
 
 from engine.backends.graph import MIN_BUCKET, GraphBackend, bucket_for
-from engine.kv_cache import KVCache
-from engine.model import Model
 from engine.sampling import SamplingParams
-from shapes import SHAPES  # noqa: E402  (tests/gpu is on sys.path under pytest)
+from shapes import SHAPES, paired_models, poisoned_cache, rel_l2  # noqa: E402  (tests/gpu on sys.path)
 
 MAX_LEN = 512
 PROMPT = MIN_BUCKET - 24   # the decode crosses a bucket boundary (a second graph per slot)
@@ -17,29 +15,11 @@ STEPS = 80
 
 
 def _models(cfg, seed):
-    """bf16 model on GPU and an fp32 model holding exactly the same (upcast) weights."""
-    dev = torch.device("cuda")
-    src = Model(cfg, "cpu", torch.float32, MAX_LEN).init_random(seed, std=0.02)   # HF init scale; larger std amplifies bf16 rounding
-    for name, t in src.params.items():
-        if name.endswith("norm.weight"):
-            t.add_(0.05 * torch.randn(t.shape, generator=torch.Generator().manual_seed(seed + 1)))
-    fast = Model(cfg, dev, torch.bfloat16, MAX_LEN)
-    ref = Model(cfg, dev, torch.float32, MAX_LEN)
-    for name, t in src.params.items():
-        fast.params[name].copy_(t)
-        ref.params[name].copy_(fast.params[name].float())
-    return fast, ref
+    return paired_models(cfg, seed, MAX_LEN, norm_jitter=True)
 
 
 def _poisoned_cache(cfg, dtype):
-    c = KVCache(3, cfg.n_layers, cfg.n_kv_heads, MAX_LEN, cfg.head_dim, dtype=dtype, device="cuda")
-    c.k.fill_(float("nan"))
-    c.v.fill_(float("nan"))
-    return c
-
-
-def _rel_l2(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+    return poisoned_cache(cfg, dtype, MAX_LEN, slots=3)
 
 
 @pytest.mark.parametrize("shape", list(SHAPES))
@@ -56,7 +36,7 @@ def test_teacher_forced_logits_and_greedy(shape):
     prompt = torch.randint(0, cfg.vocab_size, (PROMPT,), generator=g).cuda()
     lf = backend.prefill(slot, prompt, 0)
     lr = ref.forward(rc.k, rc.v, slot, prompt, 0)
-    assert _rel_l2(lf, lr) <= 1e-2
+    assert rel_l2(lf, lr) <= 1e-2
     # Teacher-forced: both consume the reference's greedy tokens.
     tok = int(lr.argmax())
     errs = []
@@ -65,7 +45,7 @@ def test_teacher_forced_logits_and_greedy(shape):
         a = backend.decode(slot, tok, pos).clone()
         b = ref.forward(rc.k, rc.v, slot, torch.tensor([tok], device="cuda"), pos)
         assert torch.isfinite(a).all(), f"non-finite logits at step {i}"
-        errs.append(_rel_l2(a, b))
+        errs.append(rel_l2(a, b))
         tok = int(b.argmax())
     assert max(errs) <= 1e-2, f"max rel L2 {max(errs):.3g} at step {errs.index(max(errs))}"
     assert {bucket_for(PROMPT + i, MAX_LEN) for i in range(STEPS)} == {MIN_BUCKET, 2 * MIN_BUCKET}

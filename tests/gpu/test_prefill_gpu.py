@@ -9,9 +9,7 @@ import torch
 
 from engine.backends.graph import (MIN_BUCKET, GraphBackend, PrefillGraphs, bucket_for, prefill_bucket,
                                    static_step)
-from engine.kv_cache import KVCache
-from engine.model import Model
-from shapes import SHAPES  # noqa: E402  (tests/gpu is on sys.path under pytest)
+from shapes import SHAPES, paired_models, poisoned_cache, rel_l2  # noqa: E402  (tests/gpu on sys.path)
 
 MAX_LEN = 512
 # (start, end) chunks after a cached prefix of 100: one token, short, bucket-exact, crossing the 128 and 256
@@ -21,26 +19,11 @@ END = CHUNKS[-1][1]
 
 
 def _models(cfg, seed):
-    """bf16 model on the GPU and an fp32 one holding exactly the same (upcast) weights."""
-    dev = torch.device("cuda")
-    src = Model(cfg, "cpu", torch.float32, MAX_LEN).init_random(seed, std=0.02)
-    fast = Model(cfg, dev, torch.bfloat16, MAX_LEN)
-    ref = Model(cfg, dev, torch.float32, MAX_LEN)
-    for name, t in src.params.items():
-        fast.params[name].copy_(t)
-        ref.params[name].copy_(fast.params[name].float())
-    return fast, ref
+    return paired_models(cfg, seed, MAX_LEN)
 
 
 def _cache(cfg, dtype, slots=2):
-    c = KVCache(slots, cfg.n_layers, cfg.n_kv_heads, MAX_LEN, cfg.head_dim, dtype=dtype, device="cuda")
-    c.k.fill_(float("nan"))   # poisoned: any read of an unwritten position shows up
-    c.v.fill_(float("nan"))
-    return c
-
-
-def _rel_l2(a, b):
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+    return poisoned_cache(cfg, dtype, MAX_LEN, slots)
 
 
 def _ids(cfg, n, seed):
@@ -55,9 +38,9 @@ def _check_chunks(cfg, ref, rc, prefill, fc, slot=1):
         got = prefill(slot, ids[a:b], a)
         assert got.dtype == torch.float32 and got.shape == want.shape
         assert torch.isfinite(got).all(), (a, b)
-        assert _rel_l2(got, want) <= 1e-2, (a, b, _rel_l2(got, want))
-        assert _rel_l2(fc.k[slot, :, :, :b], rc.k[slot, :, :, :b]) <= 1e-2, (a, b)
-        assert _rel_l2(fc.v[slot, :, :, :b], rc.v[slot, :, :, :b]) <= 1e-2, (a, b)
+        assert rel_l2(got, want) <= 1e-2, (a, b, rel_l2(got, want))
+        assert rel_l2(fc.k[slot, :, :, :b], rc.k[slot, :, :, :b]) <= 1e-2, (a, b)
+        assert rel_l2(fc.v[slot, :, :, :b], rc.v[slot, :, :, :b]) <= 1e-2, (a, b)
     return ids
 
 
@@ -109,8 +92,8 @@ def test_graph_replay_equals_static_step_eager(shape):
         start = torch.tensor([a], device="cuda")
         last = torch.tensor([b - a - 1], device="cuda")
         want = static_step(fast, ec.k, ec.v, 0, bucket_for(a + bucket - 1, MAX_LEN), padded, start, last, arange)
-        assert _rel_l2(got, want) <= 1e-3, (a, b, _rel_l2(got, want))
-        assert _rel_l2(gc.k[0, :, :, :b], ec.k[0, :, :, :b]) <= 1e-3
+        assert rel_l2(got, want) <= 1e-3, (a, b, rel_l2(got, want))
+        assert rel_l2(gc.k[0, :, :, :b], ec.k[0, :, :, :b]) <= 1e-3
     assert pg.counts["graph"] == 3
 
 
@@ -127,10 +110,10 @@ def test_graph_backend_captures_prefill_graphs_and_serves_them():
     ref.forward(rc.k, rc.v, 2, ids[:100], 0)
     got = be.prefill(2, ids[100:140], 100)
     want = ref.forward(rc.k, rc.v, 2, ids[100:140], 100)
-    assert _rel_l2(got, want) <= 1e-2
+    assert rel_l2(got, want) <= 1e-2
     # Decode continues from the real end: the pad rows' K/V past position 140 are overwritten or masked.
     for p in range(140, 140 + MIN_BUCKET // 4):
         got = be.decode(2, int(ids[p]), p)
         want = ref.forward(rc.k, rc.v, 2, ids[p:p + 1], p)
-        assert _rel_l2(got, want) <= 2e-2, p
+        assert rel_l2(got, want) <= 2e-2, p
     assert be.stats()["prefill_graph"] >= 2
