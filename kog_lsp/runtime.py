@@ -167,8 +167,8 @@ class Runtime:
         self.ready = True
         self.loaded.set()
         self.prompt_format = prompt_format(tokenizer)
-        log.info("model ready in %.1f s: backend=%s (%s) device=%s prompts=%s", self.load_seconds, self.backend,
-                 self.backend_reason, stats.get("device"), self.prompt_format)
+        log.info("model ready in %.1f s: backend=%s (%s) device=%s%s prompts=%s", self.load_seconds, self.backend,
+                 self.backend_reason, stats.get("device"), tp_text(stats), self.prompt_format)
         if self._initialized:
             self._announce_end()
 
@@ -211,7 +211,7 @@ class Runtime:
                 message=f"{self.options.model}: {time.perf_counter() - self._t0:.0f} s"))
 
     def _end_progress(self, token: str) -> None:
-        msg = f"ready ({self.backend})" if self.ready else f"failed: {self.error}"
+        msg = f"ready ({self.backend}{tp_text(self.engine_stats)})" if self.ready else f"failed: {self.error}"
         self.ls.work_done_progress.end(token, types.WorkDoneProgressEnd(message=msg))
 
     def _announce_end(self) -> None:
@@ -256,6 +256,16 @@ class Runtime:
     def shutdown(self) -> None:
         if self.worker is not None:
             self.worker.shutdown()
+
+
+def tp_text(stats: dict | None) -> str:
+    """Suffix for status text: ' tp=2 exact' (and the last per-token exchange wait when known) for a
+    tensor-parallel engine, '' otherwise."""
+    if not stats or (stats.get("tp") or 1) <= 1:
+        return ""
+    text = f" tp={stats['tp']} {stats.get('tp_mode', 'exact')}"
+    wait = (stats.get("backend_stats") or {}).get("exchange_wait_us")
+    return text + (f" (exchange wait {wait:.1f} us/token)" if isinstance(wait, (int, float)) else "")
 
 
 def _consume(fut) -> None:

@@ -1,5 +1,8 @@
 """Backend selection: monokernel (Hopper, supported model) -> graph (CUDA) -> reference, with reasons.
 
+tp > 1 (or tp_mode "delayed") resolves "monokernel" to the tensor-parallel monokernel (tp_monokernel.py, one
+persistent kernel per GPU); no other backend supports tp, so such a request either gets it or fails loudly.
+
 Every backend class is built as `Cls(model, cache, tp=..., tp_mode=...)`, may raise BackendUnavailable (or any
 exception) while building or in `warmup()`; the selector then falls back to the next one and keeps the reason.
 """
@@ -18,7 +21,7 @@ log = logging.getLogger("engine")
 ORDER = ("monokernel", "graph", "reference")
 
 
-def _load_class(name: str):
+def _load_class(name: str, tp: int = 1, tp_mode: str = "exact"):
     if name == "reference":
         return ReferenceBackend
     if name == "graph":
@@ -26,7 +29,10 @@ def _load_class(name: str):
         return GraphBackend
     if name == "monokernel":
         mod = importlib.import_module("engine.backends.monokernel")
-        return mod.MonokernelBackend
+        # The module picks its class for the request: the single-GPU kernel, or for tp > 1 / tp_mode "delayed"
+        # the tensor-parallel one (engine/backends/tp_monokernel.py). A module without the chooser offers one class.
+        pick = getattr(mod, "backend_class", None)
+        return pick(tp, tp_mode) if pick is not None else mod.MonokernelBackend
     raise ValueError(f"unknown backend {name!r} (known: auto, {', '.join(ORDER)})")
 
 
@@ -81,7 +87,7 @@ def select_backend(requested: str, model, cache, tp: int = 1, tp_mode: str = "ex
         cls = None
         if why is None:
             try:
-                cls = _load_class(name)
+                cls = _load_class(name, tp, tp_mode)
             except ImportError as e:
                 why = f"{name} unavailable: {e}"
         if why is None and hasattr(cls, "supported"):

@@ -21,6 +21,24 @@ from .graph import PrefillGraphs
 log = logging.getLogger("engine")
 
 
+def launch_seed(sampling: SamplingParams, generator: torch.Generator | None) -> int:
+    """The kernel's sampling seed: the request's, else drawn from its generator, else random."""
+    if sampling.seed is not None:
+        return sampling.seed
+    if generator is not None:
+        return int(torch.randint(0, 2 ** 62, (1,), generator=generator))
+    return random.getrandbits(62)
+
+
+def backend_class(tp: int, tp_mode: str):
+    """The monokernel class that serves this request: the single-GPU kernel for tp=1 exact, else the
+    tensor-parallel one (tp_monokernel.py; imported here so a machine that never asks for tp > 1 never loads it)."""
+    if tp == 1 and tp_mode == "exact":
+        return MonokernelBackend
+    from .tp_monokernel import TPMonokernelBackend
+    return TPMonokernelBackend
+
+
 class MonokernelBackend(Backend):
     name = "monokernel"
     supports_tp = False
@@ -82,9 +100,23 @@ class MonokernelBackend(Backend):
         self.stats.update(self.prefill_graphs.stats())
         return out
 
+    # Hooks around every kernel launch. The single-GPU kernel reads and writes the engine's cache in place: nothing
+    # to do. The tensor-parallel backend (tp_monokernel.py) copies K/V between the engine's cache and its ranks'.
+    def _before_launch(self, slot: int, pos: int) -> None:
+        """The kernel is about to read positions [0, pos) of `slot` and write from pos on."""
+
+    def _after_run(self, slot: int, pos: int, ok: bool) -> None:
+        """The launch from `pos` ended (ok: without error; mk.count() steps ran)."""
+
     def decode(self, slot, token, pos):
+        self._before_launch(slot, pos)
         self.mk.launch(slot, token, pos, 1, logits_out=self._logits)
-        self.mk.wait()
+        ok = False
+        try:
+            self.mk.wait()
+            ok = True
+        finally:
+            self._after_run(slot, pos, ok)
         self.stats["launches"] += 1
         return self._logits[0].clone()
 
@@ -94,13 +126,9 @@ class MonokernelBackend(Backend):
         n = min(max_new, self.cache.max_len - pos, self.mk.max_steps)
         if n <= 0 or (cancel is not None and cancel.is_set()):
             return
-        if sampling.seed is not None:
-            seed = sampling.seed
-        elif generator is not None:
-            seed = int(torch.randint(0, 2 ** 62, (1,), generator=generator))
-        else:
-            seed = random.getrandbits(62)
+        seed = launch_seed(sampling, generator)
         mk = self.mk
+        self._before_launch(slot, pos)
         mk.launch(slot, token, pos, n, temperature=sampling.temperature, top_p=sampling.top_p, seed=seed,
                   stop_ids=sorted(stop_ids))
         self.stats["launches"] += 1
@@ -128,6 +156,11 @@ class MonokernelBackend(Backend):
                         raise RuntimeError("monokernel exited without finishing its token loop")
                     time.sleep(20e-6)
         finally:
-            if not mk.done():
-                mk.cancel()
-            mk.wait()
+            ok = False
+            try:
+                if not mk.done():
+                    mk.cancel()
+                mk.wait()
+                ok = True
+            finally:
+                self._after_run(slot, pos, ok)
