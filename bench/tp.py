@@ -438,8 +438,8 @@ def backend_row(backend: str, cfg: ModelConfig, args) -> dict:
     """HOOK: one benchmark row for `backend` in MONOKERNEL_ROWS:
       "monokernel-1gpu"    the single-GPU persistent kernel (runs now, through the Backend contract);
       "monokernel-exact"   args.gpus GPUs, tp_mode='exact'  (needs MonokernelBackend.supports_tp);
-      "monokernel-delayed" args.gpus GPUs, tp_mode='delayed' on random lane weights of the same size (needs a lane
-                           serving backend; the Backend contract takes an engine.model.Model today).
+      "monokernel-delayed" args.gpus GPUs, TPMonokernel(mode='delayed') on random lane weights of the same size
+                           (args.gpus lanes, broadcast delay --lane-delay), timed like monokernel-exact.
     Returns {"backend", "gpus", "us"} or {"backend", "gpus", "not_run": reason}. Never invents a number.
     Lead: when the TP kernel lands, fill the two TP branches (same timing as _time_backend) and report its
     per-token exchange wait from the backend's stats() under "wait_us"."""
@@ -459,8 +459,9 @@ def backend_row(backend: str, cfg: ModelConfig, args) -> dict:
             return {**row, "not_run": "--gpus 1: no exchange to time"}
         return {**row, **_time_tp_monokernel(cfg, args)}
     if backend == "monokernel-delayed":
-        return {**row, "not_run": "no delayed-mode (lane) serving backend exists yet: engine/lanes has the CPU "
-                                  "reference only"}
+        if args.gpus < 2:
+            return {**row, "not_run": "--gpus 1: delayed mode runs one lane per GPU"}
+        return {**row, **_time_tp_delayed(cfg, args)}
     raise ValueError(f"unknown backend row {backend!r} (known: {', '.join(MONOKERNEL_ROWS)})")
 
 
@@ -572,6 +573,69 @@ def _time_tp_monokernel(cfg: ModelConfig, args) -> dict:
         return {"not_run": f"failed: {type(e).__name__}: {e}"}
 
 
+def _time_tp_delayed(cfg: ModelConfig, args) -> dict:
+    """us/token of TPMonokernel(mode='delayed') on args.gpus GPUs running a random Laneformer lane model with cfg's
+    sizes (args.gpus lanes, replicate LM head, broadcast delay args.lane_delay, early layers PRESENT), next to the
+    single-GPU Monokernel on a dense model of cfg timed the same way in this run (one launch of args.tokens greedy
+    steps from position ctx over a random KV context, median of args.reps after a warm-up launch); the exchange
+    wait is the kernel-measured time CTAs spent waiting for peers' partials (per token)."""
+    from engine.lanes import LaneModel
+    from kernels.runtime import Monokernel
+    from kernels.testing import lane_config_like, random_lane_weights_on
+    from kernels.tp_runtime import TPMonokernel
+    n = args.gpus
+    steps = max(args.tokens, args.warmup, 16) + 1
+    max_len = args.ctx + steps + 64
+    tok0 = 1234 % cfg.vocab_size
+
+    def timed(eng, restore) -> float:
+        restore()
+        if args.warmup:
+            eng.run(0, tok0, args.ctx, args.warmup)
+        ts = []
+        for _ in range(args.reps):
+            restore()
+            t0 = time.perf_counter()
+            toks, _ = eng.run(0, tok0, args.ctx, args.tokens)
+            ts.append((time.perf_counter() - t0) / len(toks))
+        return statistics.median(ts) * 1e6
+
+    try:
+        lcfg = lane_config_like(cfg, n, broadcast_delay=args.lane_delay)
+        g = torch.Generator(device="cuda:0").manual_seed(1)
+        model = random_fill(Model(cfg, device="cuda:0", dtype=torch.bfloat16, max_len=max_len), seed=0)
+        shape = (1, cfg.n_layers, cfg.n_kv_heads, max_len, cfg.head_dim)
+        k = torch.randn(shape, generator=g, device="cuda:0").bfloat16()
+        v = torch.randn(shape, generator=g, device="cuda:0").bfloat16()
+        k1, v1 = k.clone(), v.clone()
+        mk = Monokernel(model, k1, v1, max_steps=steps)
+        us1 = timed(mk, lambda: (k1.copy_(k), v1.copy_(v)))
+        del mk, k1, v1, model, k, v
+        torch.cuda.empty_cache()
+        lanes = LaneModel(lcfg, random_lane_weights_on(lcfg, device="cuda:0", seed=0))
+        lshape = (1, lcfg.num_layers, lcfg.num_kv_heads, max_len, lcfg.head_dim)
+        k = torch.randn(lshape, generator=g, device="cuda:0").bfloat16()
+        v = torch.randn(lshape, generator=g, device="cuda:0").bfloat16()
+        tp = TPMonokernel(lanes, [f"cuda:{i}" for i in range(n)], max_len=max_len, slots=1, max_steps=steps,
+                          mode="delayed")
+        us = timed(tp, lambda: tp.load_cache(k, v))
+        wait = tp.exchange_wait_us()      # of the last timed launch
+        tp.load_cache(k, v)
+        a = tp.run(0, tok0, args.ctx, 16)[0]
+        tp.load_cache(k, v)
+        rerun_same = tp.run(0, tok0, args.ctx, 16)[0] == a
+        desc = tp.lanes.describe()
+        del tp, lanes
+        torch.cuda.empty_cache()
+        return {"us": us, "us_1gpu_same_run": us1, "speedup_vs_1gpu": us1 / us, "wait_us": wait["mean_us"],
+                "wait_max_us": wait["max_us"], "rerun_tokens_identical": rerun_same, "lanes": desc,
+                "how": "one launch of --tokens greedy steps (tokens streamed to the host); random lane weights of "
+                       "the dense shape's size; 1-GPU Monokernel on the dense shape timed the same way in this run"}
+    except Exception as e:                    # noqa: BLE001
+        traceback.print_exc()
+        return {"not_run": f"failed: {type(e).__name__}: {e}"}
+
+
 # ---- output ------------------------------------------------------------------------------------------------
 def kv_bytes_per_token(cfg: ModelConfig, plan, rank: int, ctx: int, tokens: int) -> float:
     """K+V bytes (bf16) rank `rank` reads per token, averaged over the timed positions ctx..ctx+tokens-1."""
@@ -637,6 +701,8 @@ def print_table(rows: list[dict]) -> None:
             notes.append(f"1-GPU monokernel same run {r['us_1gpu_same_run']:.1f} us")
         if r.get("wait_us") is not None:
             notes.append(f"exchange wait {r['wait_us']:.1f} us/token per CTA (max {r.get('wait_max_us', 0):.1f})")
+        if r.get("rerun_tokens_identical") is not None:
+            notes.append("reruns identical" if r["rerun_tokens_identical"] else "RERUNS DIFFER")
         if r.get("ranks_bit_identical") is not None:
             notes.append("ranks bit-identical" if r["ranks_bit_identical"] else "RANKS DIFFER")
         if r.get("lm_head"):
@@ -682,6 +748,9 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=32, help="untimed tokens before timing")
     ap.add_argument("--reps", type=int, default=5, help="repeats (the median is reported)")
     ap.add_argument("--no-monokernel", action="store_true", help="skip the monokernel hook rows")
+    ap.add_argument("--lane-delay", type=int, default=2,
+                    help="monokernel-delayed: broadcast delay in layers of the random lane model (default 2, as "
+                         "reported for laneformer-2b)")
     ap.add_argument("--eager", action="store_true", help="time the peer without CUDA graphs (if capture fails)")
     ap.add_argument("--compile", action="store_true",
                     help="peer: torch.compile the blocks between exchanges (fused elementwise ops, gpt-fast style)")
@@ -693,6 +762,8 @@ def parse_args(argv=None):
         ap.error(f"unknown shape(s) {bad or args.shape!r}; known: {', '.join(SHAPES)}, all")
     if args.gpus < 1:
         ap.error("--gpus must be >= 1")
+    if args.lane_delay < 1:
+        ap.error("--lane-delay must be >= 1")
     if min(args.ctx, args.tokens, args.reps) < 1 or args.warmup < 0:
         ap.error("--ctx, --tokens and --reps must be >= 1, --warmup >= 0")
     return args, shapes

@@ -87,6 +87,9 @@ PARAM_FIELDS = [
     ("recv", "p:float"), ("xwait", "p:unsigned long long"),
     ("peer_recv", "a8:float"), ("peer_ctr", "a8:unsigned"), ("peer_status", "a8:int"),
     ("peer_lmrec", "a8:float"),          # vocabulary-parallel LM head: every rank's record array
+    # Delayed mode (Laneformer lanes, mk_exchange.cuh): NULL in exact mode and on one GPU; else the reduce mode
+    # (LANE_* below) of every (layer, stage 0 = attention | 1 = MLP), int32 [n_layers * 2].
+    ("lane_mode", "p:const int"),
     ("seed", "u64"), ("watchdog_cycles", "u64"),
     ("eps", "f32"), ("attn_scale", "f32"), ("temperature", "f32"), ("top_p", "f32"),
     ("d", "i32"), ("q_dim", "i32"), ("kv_dim", "i32"), ("ffn", "i32"), ("vocab", "i32"), ("n_layers", "i32"),
@@ -106,12 +109,21 @@ PARAM_FIELDS = [
     # the full size, the logits_out stride); its records go to slots rec_off + aux on every rank, and n_lm counts
     # all ranks' records. 0, 0, 0 on a single GPU.
     ("vocab_off", "i32"), ("rec_off", "i32"), ("lm_parallel", "i32"),
+    # Delayed mode only (lane_mode != NULL): broadcast delay in layers; first "peer" counter (peer counter of
+    # (layer, stage) = lane_x_ctr + 2 layer + stage, the final-state counter lane_x_ctr + 2 n_layers), bumped by
+    # every rank's producers; OPROJ / DOWN producers over all ranks per step; lane_agg 1: the LM head normalises
+    # the mean of every lane's normed final state (replicate head; the last DOWN pushes the final state), 0: each
+    # lane normalises its own stream; lane_scale: sqrt(lanes), the NO_REDUCE factor.
+    ("lane_delay", "i32"), ("lane_x_ctr", "i32"), ("lane_xn_oproj", "i32"), ("lane_xn_down", "i32"),
+    ("lane_agg", "i32"), ("lane_scale", "f32"),
 ]
 # status[] words (device) and host_stat[] words (mapped host memory)
 STATUS_STOP, STATUS_REASON, STATUS_ABORT = 0, 1, 2   # stop: 0 running, else (last step + 1); abort: watchdog
 # tp_size > 1: rank 0 saw the host's cancel flag; every rank cancels from step (word - 1) on (0 = no cancel).
 STATUS_TP_CANCEL = 3
 MAX_TP = 8                 # ranks the peer-pointer arrays of MkParams hold
+# Delayed-mode reduce modes (engine/lanes ReduceMode; PAST_OWN: PAST whose source layer was not queued, A1).
+LANE_PRESENT, LANE_NO_REDUCE, LANE_PAST, LANE_PAST_OWN = 0, 1, 2, 3
 HOST_COUNT, HOST_DONE, HOST_REASON = 0, 1, 2
 # A wait that spins longer than watchdog_cycles aborts the whole launch and reports where it was stuck.
 HOST_WD_BLOCK, HOST_WD_CTR, HOST_WD_TARGET, HOST_WD_VALUE, HOST_WD_STEP = 3, 4, 5, 6, 7
@@ -166,6 +178,10 @@ def render_header() -> str:
         f"#define MK_STATUS_ABORT {STATUS_ABORT}",
         f"#define MK_STATUS_TP_CANCEL {STATUS_TP_CANCEL}",
         f"#define MK_MAX_TP {MAX_TP}",
+        f"#define MK_LANE_PRESENT {LANE_PRESENT}",
+        f"#define MK_LANE_NO_REDUCE {LANE_NO_REDUCE}",
+        f"#define MK_LANE_PAST {LANE_PAST}",
+        f"#define MK_LANE_PAST_OWN {LANE_PAST_OWN}",
         f"#define MK_HOST_WD_BLOCK {HOST_WD_BLOCK}",
         f"#define MK_HOST_WD_CTR {HOST_WD_CTR}",
         f"#define MK_HOST_WD_TARGET {HOST_WD_TARGET}",

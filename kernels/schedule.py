@@ -173,6 +173,33 @@ def with_exchange(scheds: list[Schedule], lm_parallel: bool = False) -> list[Sch
     return out
 
 
+def with_lanes(scheds: list[Schedule]) -> list[Schedule]:
+    """Rank schedules of a delayed-mode (lane) model (mk_exchange.cuh, delayed mode). The instruction lists and their
+    waits stay the single-GPU ones (a consumer waits for its own rank's producers); the LM head is exchanged like the
+    vocabulary-parallel exact mode (every rank's LMHEAD blocks bump every rank's LM counter, the sampler waits for
+    all of them). 2 n_layers + 1 peer counters are appended after the ordinary ones: (layer, stage) at
+    n_counters + 2 layer + stage and the final-state counter at n_counters + 2 n_layers, bumped by every rank's
+    OPROJ / DOWN (last DOWN) instructions; the kernel's extra waits on them are not in the lists (see lane_counters)."""
+    L = scheds[0].dims.n_layers
+    if any(s.dims.n_layers != L or s.n_sm != scheds[0].n_sm or s.n_counters != scheds[0].n_counters for s in scheds):
+        raise ValueError("rank schedules differ in layer count, SM count or counter layout")
+    lm = isa.lm_counter(L)
+    exchanged = {lm: sum(s.n_lm for s in scheds)}
+    out = []
+    for s in scheds:
+        per_sm = [[ins[:5] + (exchanged[lm],) + ins[6:] if ins[4] == lm else ins for ins in lst] for lst in s.per_sm]
+        out.append(Schedule(dims=s.dims, n_sm=s.n_sm, n_splits=s.n_splits, rows=dict(s.rows), counts=dict(s.counts),
+                            per_sm=per_sm, n_counters=s.n_counters + 2 * L + 1, exchanged=exchanged))
+    return out
+
+
+def lane_counters(scheds: list[Schedule]) -> tuple[int, int, int]:
+    """(first peer counter, OPROJ producers over all ranks, DOWN producers over all ranks) of with_lanes schedules."""
+    L = scheds[0].dims.n_layers
+    return (scheds[0].n_counters - 2 * L - 1, sum(s.counts["OPROJ"] for s in scheds),
+            sum(s.counts["DOWN"] for s in scheds))
+
+
 def check(sched: Schedule) -> None:
     """Static checks: rows covered exactly once per stage, waits match the number of signallers per step,
     every SM's list is in global stage order (no deadlock with all CTAs resident)."""

@@ -46,3 +46,37 @@ def fresh_cache(cfg, max_len=64, slots=2):
     """fp32 KV [slots, L, kvh, max_len, hd] poisoned with NaN: a read of an unwritten position shows up."""
     shape = (slots, cfg.n_layers, cfg.n_kv_heads, max_len, cfg.head_dim)
     return torch.full(shape, float("nan")), torch.full(shape, float("nan"))
+
+
+# ---- delayed mode: random Laneformer lane models of a dense shape (tests/gpu/test_tp_delayed.py, bench/tp.py) ----
+def lane_config_like(cfg, lanes: int, **kw):
+    """engine.lanes LaneConfig with the dense ModelConfig `cfg`'s sizes (per-lane weights are 1/lanes of the dense
+    ones: the same bytes streamed in all). kw: config.json keys (broadcast_delay, use_early_comm, lm_head_type ...)
+    and early_queue."""
+    from engine.lanes import LaneConfig
+    d = {"model_type": "laneformer_tp", "vocab_size": cfg.vocab_size, "hidden_size": cfg.hidden_size,
+         "num_hidden_layers": cfg.n_layers, "num_attention_heads": cfg.n_heads,
+         "num_key_value_heads": cfg.n_kv_heads, "head_dim": cfg.head_dim,
+         "intermediate_size": cfg.intermediate_size, "num_lanes": lanes, "rope_theta": cfg.rope_theta,
+         "norm_eps": cfg.rms_norm_eps, "max_position_embeddings": cfg.max_position_embeddings,
+         "tie_word_embeddings": False, "broadcast_delay": 1, "lm_head_type": "replicate"}
+    overrides = {"early_queue": kw.pop("early_queue")} if "early_queue" in kw else {}   # A1: a LaneConfig switch
+    if cfg.rope_scaling:   # llama3-style keys, as engine/lanes/config.py reads them
+        d["rope_scaling"] = dict(cfg.rope_scaling)
+    d.update(kw)
+    return LaneConfig.from_dict(d, **overrides)
+
+
+def random_lane_weights_on(cfg, device="cuda", dtype=torch.bfloat16, seed: int = 0, std: float = 0.02) -> dict:
+    """Lane weights (published layout) drawn on the device: matrices N(0, std), norm gains U(0.8, 1.2)."""
+    from engine.lanes import expected_shapes
+    g = torch.Generator(device=device).manual_seed(seed)
+    out = {}
+    for key, shape in expected_shapes(cfg).items():
+        t = torch.empty(shape, device=device, dtype=dtype)
+        if key.endswith((".weight", ".scale")) and "norm" in key:
+            t.uniform_(0.8, 1.2, generator=g)
+        else:
+            t.normal_(0.0, std, generator=g)
+        out[key] = t
+    return out

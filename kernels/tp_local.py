@@ -83,3 +83,135 @@ def shard_cache(cache: torch.Tensor, plan: TPPlan, rank: int) -> torch.Tensor:
     """A full KV cache [S, L, n_kv, max_len, hd] -> rank `rank`'s heads [S, L, n_kv_local, max_len, hd] (a copy)."""
     k0, k1 = plan.ranks[rank].kv_heads
     return cache[:, :, k0:k1].contiguous().clone()
+
+
+# ---- delayed mode: lane l of a Laneformer lane checkpoint on rank l (engine/lanes, mk_exchange.cuh) ----
+@dataclass
+class LanePlan:
+    """What the kernel needs besides the rank models to run a lane model in delayed mode."""
+    n_lanes: int
+    delay: int
+    modes: list[int]                 # isa.LANE_* of (layer, stage 0 = attention | 1 = MLP), layer-major
+    agg: int                         # 1: LM head on the mean of the lanes' normed final states (replicate head)
+    scale: float                     # sqrt(lanes): the NO_REDUCE factor
+    vocab: list[tuple[int, int]]     # rank r's LM-head rows are global vocabulary ids vocab[r][0] .. vocab[r][1]
+    head_type: str
+
+    def describe(self) -> str:
+        names = {isa.LANE_PRESENT: "P", isa.LANE_NO_REDUCE: "N", isa.LANE_PAST: "D", isa.LANE_PAST_OWN: "O"}
+        m = "".join(names[v] for v in self.modes)
+        return (f"delayed mode: {self.n_lanes} lanes, delay {self.delay}, head {self.head_type}"
+                f"{' (mean of lane norms)' if self.agg else ''}, modes attn/mlp per layer {m}")
+
+
+def lane_plan(cfg, n_ranks: int, max_len: int | None = None) -> LanePlan:
+    """The delayed-mode plan of LaneConfig `cfg` on n_ranks GPUs (one lane each), or ShardError saying why the kernel
+    cannot run it. Modes follow engine/lanes/config.py layer_modes / is_queued (ambiguity A1 included)."""
+    from engine.lanes.config import ReduceMode
+    L = cfg.num_lanes
+    if n_ranks != L:
+        raise ShardError(f"lane checkpoint has {L} lanes: delayed mode runs one lane per GPU, got {n_ranks} GPUs")
+    if not 2 <= L <= isa.MAX_TP:
+        raise ShardError(f"delayed mode holds 2..{isa.MAX_TP} lanes, got {L}")
+    if cfg.lm_head_type == "lane" or cfg.pre_norm_lane_agg:
+        raise ShardError(f"lm_head_type {cfg.lm_head_type!r} / pre_norm_lane_agg {cfg.pre_norm_lane_agg}: the kernel "
+                         "runs 'replicate' (mean of lane norms) and 'vocab_parallel' heads only")
+    if cfg.lm_head_type == "replicate" and not cfg.final_norm_shared:
+        raise ShardError("replicate head with per-lane final norm gains: the kernel's lane mean takes one gain")
+    if cfg.swa_layers and cfg.sliding_window is not None and (max_len is None or max_len > cfg.sliding_window):
+        raise ShardError(f"sliding-window layers {list(cfg.swa_layers)} (window {cfg.sliding_window}): the kernel "
+                         f"attends to every cached position, exact only while max_len <= the window "
+                         f"(max_len {max_len})")
+    if cfg.heads_per_lane // cfg.kv_heads_per_lane > isa.MAX_GROUP:
+        raise ShardError(f"{cfg.heads_per_lane // cfg.kv_heads_per_lane} query heads per KV head > {isa.MAX_GROUP}")
+    if cfg.ffn_per_lane % FFN_ALIGN:
+        raise ShardError(f"{cfg.ffn_per_lane} FFN channels per lane, not a multiple of {FFN_ALIGN}")
+    code = {ReduceMode.PRESENT: isa.LANE_PRESENT, ReduceMode.NO_REDUCE: isa.LANE_NO_REDUCE}
+    modes = []
+    for i in range(cfg.num_layers):
+        for m in cfg.layer_modes(i):
+            if m is ReduceMode.PAST:
+                modes.append(isa.LANE_PAST if cfg.is_queued(i - cfg.broadcast_delay) else isa.LANE_PAST_OWN)
+            else:
+                modes.append(code[m])
+    V = cfg.vocab_size
+    if cfg.lm_head_type == "vocab_parallel":
+        vocab = [(r * V // L, (r + 1) * V // L) for r in range(L)]
+    else:   # replicate: any row split of the shared head; the LM head is vocabulary-parallel over the GPUs
+        vocab = [(r * V // n_ranks, (r + 1) * V // n_ranks) for r in range(n_ranks)]
+    # A PRESENT last MLP means every layer was PRESENT: the lane streams are identical, the mean of their norms is
+    # each lane's own norm (no final-state exchange needed).
+    agg = int(cfg.lm_head_type == "replicate" and modes[-1] != isa.LANE_PRESENT)
+    return LanePlan(n_lanes=L, delay=cfg.broadcast_delay, modes=modes, agg=agg, scale=float(L) ** 0.5,
+                    vocab=vocab, head_type=cfg.lm_head_type)
+
+
+def lane_model_cfg(cfg, plan: LanePlan, rank: int) -> ModelConfig:
+    """Rank `rank`'s local ModelConfig (a Llama-shaped lane: its heads, FFN channels and LM-head rows)."""
+    s = cfg.rope_scaling
+    return ModelConfig(arch="llama", vocab_size=plan.vocab[rank][1] - plan.vocab[rank][0], hidden_size=cfg.hidden_size,
+                       n_layers=cfg.num_layers, n_heads=cfg.heads_per_lane, n_kv_heads=cfg.kv_heads_per_lane,
+                       intermediate_size=cfg.ffn_per_lane, head_dim=cfg.head_dim, rms_norm_eps=cfg.norm_eps,
+                       rope_theta=cfg.rope_theta, rope_scaling=None if s is None else {"rope_type": "llama3", **s},
+                       max_position_embeddings=cfg.max_position_embeddings, tie_word_embeddings=False,
+                       name=f"laneformer lane {rank} of {plan.n_lanes}")
+
+
+def lane_rank_model(cfg, weights, plan: LanePlan, rank: int, device=None, dtype=None) -> RankModel:
+    """Lane `rank` of a lane checkpoint (`weights`: published key layout, spec §2) as the kernel's local model.
+    The lane model rotates adjacent RoPE pairs (2k, 2k + 1), the kernel rotates halves (k, k + hd/2): the wq / wk rows
+    of every head are permuted (even dims first, then odd), which leaves every q.k product unchanged."""
+    from engine.lanes.model import norm_key
+    dev = torch.device(device) if device is not None else weights["model.tok_embeddings.weight"].device
+    hd = cfg.head_dim
+    perm = torch.cat([torch.arange(0, hd, 2), torch.arange(1, hd, 2)])
+
+    def t(x):
+        return x.to(device=dev, dtype=dtype or x.dtype).contiguous()
+
+    def gain(key):
+        g = weights[key]
+        return t(g[rank] if g.dim() == 2 else g)
+
+    def rope_rows(w):   # [heads * hd, D]
+        return w.reshape(-1, hd, w.shape[-1])[:, perm.to(w.device)].reshape(w.shape)
+
+    layers = []
+    for i in range(cfg.num_layers):
+        p = f"model.layers.{i}."
+        a, f = p + "attention.", p + "feed_forward."
+        wqkv = torch.cat([rope_rows(weights[a + "wq.weight"][rank]), rope_rows(weights[a + "wk.weight"][rank]),
+                          weights[a + "wv.weight"][rank]], 0)
+        layers.append(LayerWeights(
+            ln1=gain(norm_key(cfg, p + "attention_norm")), wqkv=t(wqkv), bqkv=None,
+            wo=t(weights[a + "wo.weight"][rank]), bo=None, ln2=gain(norm_key(cfg, p + "ffn_norm")),
+            wgu=t(torch.cat([weights[f + "w1.weight"][rank], weights[f + "w3.weight"][rank]], 0)), bgu=None,
+            wd=t(weights[f + "w2.weight"][rank]), bd=None))
+    v0, v1 = plan.vocab[rank]
+    if cfg.lm_head_type == "vocab_parallel":
+        head = weights["lm_head.weight"][rank]
+    else:
+        head = weights.get("lm_head.weight", weights["model.tok_embeddings.weight"])[v0:v1]
+    return RankModel(cfg=lane_model_cfg(cfg, plan, rank), device=dev, layers=layers,
+                     embed=t(weights["model.tok_embeddings.weight"]), lm_head=t(head),
+                     norm=gain(norm_key(cfg, "model.norm", final=True)))
+
+
+def lane_cache(ref_cache, cfg, rank: int, max_len: int, slots: int = 1, slot: int = 0, dtype=torch.float32,
+               device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """Rank `rank`'s kernel KV caches [slots, n_layers, kv heads per lane, max_len, hd] holding a reference
+    LaneKVCache's keys / values (engine/lanes/model.py) in slot `slot`: keys permuted to the kernel's half-rotation
+    layout (lane_rank_model), other positions NaN so a read of an unwritten position shows."""
+    hd = cfg.head_dim
+    perm = torch.cat([torch.arange(0, hd, 2), torch.arange(1, hd, 2)])
+    shape = (slots, cfg.num_layers, cfg.kv_heads_per_lane, max_len, hd)
+    k = torch.full(shape, float("nan"), dtype=dtype, device=device)
+    v = torch.full(shape, float("nan"), dtype=dtype, device=device)
+    for i in range(cfg.num_layers):
+        t0 = ref_cache.start(i)
+        if t0 != 0:
+            raise ValueError(f"layer {i}'s reference cache starts at position {t0} (sliding window trimmed it)")
+        T = ref_cache.k[i].shape[2]
+        k[slot, i, :, :T] = ref_cache.k[i][rank][..., perm.to(ref_cache.k[i].device)].to(dtype)
+        v[slot, i, :, :T] = ref_cache.v[i][rank].to(dtype)
+    return k, v

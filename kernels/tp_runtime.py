@@ -1,4 +1,4 @@
-"""Tensor-parallel monokernel (exact mode) over N GPUs driven by one process and one host thread.
+"""Tensor-parallel monokernel (exact or delayed mode) over N GPUs driven by one process and one host thread.
 
 `TPMonokernel(model, devices)` shards the model with engine/tp/shard.py's plan (kernels/tp_local.py: local heads
 and FFN channels, full hidden size, replicated LM head), builds one `Monokernel` per GPU on its local model with
@@ -16,6 +16,13 @@ candidates in shared memory; when they do not fit, the replicated head is used a
 Rank 0 is the front: its tokens stream to the host, its cancel flag is the one the host sets (rank 0 relays it to
 the others inside the kernels, one step later), `logits_out` lives on rank 0 (vocabulary-parallel: every rank
 writes its slice there through peer stores). Every rank samples the same tokens; `run` checks that.
+
+mode='delayed' (Kog's delayed tensor parallelism, /work/shared/DTP.md): `model` is an engine.lanes.LaneModel and GPU
+l runs lane l (kernels/tp_local.py lane_plan / lane_rank_model, schedule.with_lanes): each lane keeps its own
+residual stream, adds its own partials at once and the peers' `broadcast_delay` layers later (mk_exchange.cuh,
+delayed mode); the LM head is always vocabulary-parallel over the GPUs (records exchanged), with the replicate
+lane head taking the mean of the lanes' normed final states. An ordinary model in delayed mode, or a lane model
+in exact mode, is refused (engine.lanes.TPModeError) before any GPU is touched.
 """
 from __future__ import annotations
 
@@ -29,17 +36,28 @@ import torch
 
 from . import isa, schedule
 from .runtime import Monokernel, _check, load_library
-from .tp_local import kernel_plan, rank_model, shard_cache
+from .tp_local import kernel_plan, lane_plan, lane_rank_model, rank_model
 
 log = logging.getLogger("kernels")
+
+
+def _check_mode(model, mode: str) -> str:
+    """Refuse an ordinary model in delayed mode and a lane model in exact mode (engine/lanes check_tp_mode words)."""
+    from engine.lanes import LaneModel, check_tp_mode
+    check_tp_mode("lane" if isinstance(model, LaneModel) else "dense", mode)
+    return mode
 
 
 class TPUnavailableError(RuntimeError):
     """This set of GPUs cannot run the tensor-parallel monokernel (the message says why)."""
 
 
-def counter_name(idx: int, n_layers: int) -> str:
-    """Human name of counter `idx` (watchdog reports)."""
+def counter_name(idx: int, n_layers: int, lane_base: int | None = None) -> str:
+    """Human name of counter `idx` (watchdog reports); lane_base: delayed mode's first peer counter."""
+    if lane_base is not None and idx >= lane_base:
+        k = idx - lane_base
+        return "final lane states (peers)" if k == 2 * n_layers else \
+            f"layer {k // 2} {'OPROJ' if k % 2 == 0 else 'DOWN'} (peers)"
     base = n_layers * isa.CTR_PER_LAYER
     if idx < base:
         names = {isa.CTR_QKV: "QKV", isa.CTR_ATTN_DONE: "ATTN_DONE", isa.CTR_OPROJ: "OPROJ (exchanged)",
@@ -58,7 +76,11 @@ class TPMonokernel:
     [S, L, kv heads of the rank, max_len, hd]; by default S = slots caches of max_len positions are allocated."""
 
     def __init__(self, model, devices, max_len: int = 4096, slots: int = 1, max_steps: int = 4096,
-                 n_sm: int | None = None, k_caches=None, v_caches=None, vocab_parallel: bool = True):
+                 n_sm: int | None = None, k_caches=None, v_caches=None, vocab_parallel: bool = True,
+                 mode: str = "exact"):
+        """mode 'exact' (model: engine.model.Model) or 'delayed' (model: engine.lanes.LaneModel, one GPU per lane;
+        its LM head is always vocabulary-parallel over the GPUs and vocab_parallel is ignored)."""
+        self.mode = _check_mode(model, mode)
         self.devices = [torch.device(d) for d in devices]
         N = self.n = len(self.devices)
         if N < 1:
@@ -90,11 +112,19 @@ class TPMonokernel:
                 if err != 0:
                     raise TPUnavailableError(f"cudaDeviceEnablePeerAccess(cuda:{a} -> cuda:{b}) failed: CUDA error "
                                              f"{err} ({lib.mk_error_string(err).decode()})")
-        cfg = self.cfg = model.cfg
-        self.plan = kernel_plan(cfg, N)   # ShardError (a ValueError) when the shapes do not shard
         if n_sm is None:
             n_sm = min(torch.cuda.get_device_properties(i).multi_processor_count for i in idx)
         self.n_sm = n_sm
+        self.max_steps = max_steps
+        self.running = False
+        self.n_steps = 0
+        self.lanes = None
+        if self.mode == "delayed":
+            self._init_lanes(model, max_len, slots, k_caches, v_caches)
+            return
+        cfg = self.cfg = model.cfg
+        self.plan = kernel_plan(cfg, N)   # ShardError (a ValueError) when the shapes do not shard
+        self.kv_bounds = [s.kv_heads for s in self.plan.ranks]
         vp = vocab_parallel and N > 1
         if vp:
             n_rec = sum(schedule.build(schedule.Dims.of(m_cfg), n_sm).n_lm for m_cfg in
@@ -104,37 +134,67 @@ class TPMonokernel:
                             "sampler's candidate buffer (%d floats)", n_rec, N, isa.SMEM_RED_FLOATS)
                 vp = False
         self.vocab_parallel = vp
+        self.vocab_off = [s.vocab[0] for s in self.plan.ranks]
         self.models = [rank_model(model, self.plan, r, device=self.devices[r], vocab_parallel=vp) for r in range(N)]
         scheds = schedule.with_exchange([schedule.build(schedule.Dims.of(m.cfg), n_sm) for m in self.models],
                                         lm_parallel=vp)
+        self._build_ranks(scheds, cfg.n_layers, cfg.hidden_size, cfg.head_dim, max_len, slots, k_caches, v_caches, 0)
+        log.info("tp monokernel: %s; %d CTAs per GPU; receive buffer %d KB per GPU; LM head %s", self.plan.describe(),
+                 n_sm, self.recv[0].numel() * 4 // 1024, "vocabulary-parallel" if vp else "replicated")
+
+    def _build_ranks(self, scheds, L: int, d: int, hd: int, max_len: int, slots: int, k_caches, v_caches,
+                     fin: int) -> None:
+        """Per-rank Monokernels on self.models with `scheds`, caches, receive buffers ([L][2][N][d] fp32, then
+        `fin` x d for the delayed mode's final states), exchange-wait counters and sampling records."""
+        N, n_sm, vp = self.n, self.n_sm, self.vocab_parallel
         for s in scheds:
             schedule.check(s)
         n_lm = [s.n_lm for s in scheds]
         self.rec_off = [sum(n_lm[:r]) for r in range(N)] if vp else [0] * N
         self.n_records = sum(n_lm) if vp else n_lm[0]
+        if vp and self.n_records * isa.TOPK * 2 > isa.SMEM_RED_FLOATS:
+            raise TPUnavailableError(f"{self.n_records} LM-head records over {N} ranks do not fit the sampler's "
+                                     f"candidate buffer ({isa.SMEM_RED_FLOATS} floats)")
         if k_caches is None:
             k_caches, v_caches = [], []
             for r, m in enumerate(self.models):
-                shape = (slots, cfg.n_layers, m.cfg.n_kv_heads, max_len, cfg.head_dim)
+                shape = (slots, L, m.cfg.n_kv_heads, max_len, hd)
                 k_caches.append(torch.zeros(shape, dtype=torch.bfloat16, device=self.devices[r]))
                 v_caches.append(torch.zeros(shape, dtype=torch.bfloat16, device=self.devices[r]))
         self.k_caches, self.v_caches = list(k_caches), list(v_caches)
         self.ranks: list[Monokernel] = []
         for r in range(N):
             with torch.cuda.device(self.devices[r]):
-                self.ranks.append(Monokernel(self.models[r], self.k_caches[r], self.v_caches[r], max_steps=max_steps,
-                                             n_sm=n_sm, sched=scheds[r]))
-        d, L = cfg.hidden_size, cfg.n_layers
-        self.recv = [torch.zeros(L * 2 * N * d, dtype=torch.float32, device=dv) for dv in self.devices]
+                self.ranks.append(Monokernel(self.models[r], self.k_caches[r], self.v_caches[r],
+                                             max_steps=self.max_steps, n_sm=n_sm, sched=scheds[r]))
+        self.recv = [torch.zeros(L * 2 * N * d + fin * d, dtype=torch.float32, device=dv) for dv in self.devices]
         self.xwait = [torch.zeros(n_sm, dtype=torch.int64, device=dv) for dv in self.devices]
         # every rank's sampling records (vocabulary-parallel), else each Monokernel's own
         self.lmrec = [torch.zeros(self.n_records * isa.REC_WORDS, dtype=torch.float32, device=dv) if vp else mk.lmrec
                       for dv, mk in zip(self.devices, self.ranks)]
-        self.max_steps = max_steps
-        self.running = False
-        self.n_steps = 0
-        log.info("tp monokernel: %s; %d CTAs per GPU; receive buffer %d KB per GPU; LM head %s", self.plan.describe(),
-                 n_sm, self.recv[0].numel() * 4 // 1024, "vocabulary-parallel" if vp else "replicated")
+
+    def _init_lanes(self, model, max_len: int, slots: int, k_caches, v_caches) -> None:
+        """Delayed mode: rank r runs lane r of the LaneModel `model` (tp_local.py lane_plan / lane_rank_model)."""
+        N = self.n
+        cfg = self.cfg = model.cfg
+        self.lanes = lane_plan(cfg, N, max_len=max_len)   # ShardError when the kernel cannot run this lane model
+        self.plan = None
+        self.vocab_parallel = True
+        self.vocab_off = [v0 for v0, _ in self.lanes.vocab]
+        kl = cfg.kv_heads_per_lane
+        self.kv_bounds = [(r * kl, (r + 1) * kl) for r in range(N)]
+        self.models = [lane_rank_model(cfg, model.w, self.lanes, r, device=self.devices[r]) for r in range(N)]
+        scheds = schedule.with_lanes([schedule.build(schedule.Dims.of(m.cfg), self.n_sm) for m in self.models])
+        self._lane_ctr = schedule.lane_counters(scheds)
+        self._build_ranks(scheds, cfg.num_layers, cfg.hidden_size, cfg.head_dim, max_len, slots, k_caches, v_caches,
+                          N if self.lanes.agg else 0)
+        self.lane_mode = [torch.tensor(self.lanes.modes, dtype=torch.int32, device=dv) for dv in self.devices]
+        log.info("tp monokernel: %s; %d CTAs per GPU; receive buffer %d KB per GPU", self.lanes.describe(), self.n_sm,
+                 self.recv[0].numel() * 4 // 1024)
+
+    def describe(self) -> str:
+        """The split: exact mode's shard plan or delayed mode's lane plan."""
+        return self.lanes.describe() if self.lanes is not None else self.plan.describe()
 
     def _local_cfg(self, r: int):
         from .tp_local import local_cfg
@@ -142,10 +202,13 @@ class TPMonokernel:
 
     # ---- caches ----
     def load_cache(self, k_full: torch.Tensor, v_full: torch.Tensor) -> None:
-        """Copy a full cache [S, L, n_kv, max_len, hd] (any device / dtype) into the ranks' caches (their heads)."""
+        """Copy a full cache [S, L, n_kv, max_len, hd] (any device / dtype) into the ranks' caches (their heads).
+        Delayed mode: n_kv = all lanes' KV heads, lane-major, keys in the kernel's half-rotation layout
+        (kernels/tp_local.py lane_cache builds one rank's part from a reference LaneKVCache)."""
         for r in range(self.n):
-            self.k_caches[r].copy_(shard_cache(k_full, self.plan, r))
-            self.v_caches[r].copy_(shard_cache(v_full, self.plan, r))
+            k0, k1 = self.kv_bounds[r]
+            self.k_caches[r].copy_(k_full[:, :, k0:k1])
+            self.v_caches[r].copy_(v_full[:, :, k0:k1])
 
     # ---- launch ----
     def launch(self, slot: int, token: int, pos0: int, n_steps: int, temperature: float = 0.0, top_p: float = 1.0,
@@ -180,8 +243,13 @@ class TPMonokernel:
                 p.peer_status[k] = other.status.data_ptr()
                 p.peer_lmrec[k] = self.lmrec[k].data_ptr()
             p.tp_rank, p.tp_size = r, self.n
+            if self.lanes is not None:
+                lp = self.lanes
+                p.lane_mode = self.lane_mode[r].data_ptr()
+                p.lane_delay, p.lane_agg, p.lane_scale = lp.delay, lp.agg, lp.scale
+                p.lane_x_ctr, p.lane_xn_oproj, p.lane_xn_down = self._lane_ctr
             if self.vocab_parallel:
-                p.vocab, p.vocab_off = V, self.plan.ranks[r].vocab[0]
+                p.vocab, p.vocab_off = V, self.vocab_off[r]
                 p.rec_off, p.n_lm, p.lm_parallel = self.rec_off[r], self.n_records, 1
                 p.lmrec = self.lmrec[r].data_ptr()
                 p.logits_out = logits_out.data_ptr() if logits_out is not None else None
@@ -239,12 +307,12 @@ class TPMonokernel:
 
     def debug_state(self) -> list[dict]:
         out = []
-        L = self.cfg.n_layers
+        L = self.cfg.num_layers if self.lanes is not None else self.cfg.n_layers
         for r, mk in enumerate(self.ranks):
             st = mk.debug_state()
             st["rank"] = r
             if st["reason"] == "watchdog" and not self.running:   # counters readable once all kernels ended
-                st["wd_ctr_name"] = counter_name(st["wd_ctr"], L)
+                st["wd_ctr_name"] = counter_name(st["wd_ctr"], L, self._lane_ctr[0] if self.lanes else None)
                 st["ctr_on_ranks"] = [int(o.ctr[st["wd_ctr"]]) for o in self.ranks]
             out.append(st)
         return out
@@ -287,7 +355,9 @@ class TPMonokernel:
 
     def exchange_wait_us(self) -> dict:
         """Of the last launch: time each CTA spent in its exchanged waits (QKV of layer > 0, GATEUP, LMHEAD) per
-        token from step 1 on, mean and max over CTAs and ranks, in us (mk_exchange.cuh xr_wait)."""
+        token from step 1 on, mean and max over CTAs and ranks, in us (mk_exchange.cuh xr_wait). Exact mode: the
+        whole wait (local producers included, an upper bound); delayed mode: only the wait for peers' partials
+        after the local producers were done (xr_lane_wait_all), i.e. exchange latency that was not hidden."""
         steps = max(1, self.n_steps - 1)
         per = torch.stack([x.cpu() for x in self.xwait]).double() / steps / 1e3   # [N, n_sm] us per token
         return {"mean_us": float(per.mean()), "max_us": float(per.max()),

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from . import isa
-from .schedule import Schedule
+from .schedule import Schedule, lane_counters
 from .twin import EMBED, ScheduleError, Twin, TwinResult, _tag
 
 OP = isa.OPS
@@ -35,9 +35,15 @@ class TwinTP:
     vocab_offsets: None for a replicated LM head, else rank r's first global vocabulary id (vocabulary-parallel:
     every LMHEAD block's record and logits go to every rank, the samplers read all ranks' records)."""
 
-    def __init__(self, models, scheds: list[Schedule], inv_freq: torch.Tensor, vocab_offsets=None):
+    def __init__(self, models, scheds: list[Schedule], inv_freq: torch.Tensor, vocab_offsets=None, lanes=None):
+        """lanes: a kernels.tp_local.LanePlan for delayed mode (scheds from schedule.with_lanes; rank r runs lane r,
+        vocabulary-parallel LM head over lanes.vocab), else exact mode."""
         if len(models) != len(scheds):
             raise ValueError("one schedule per rank")
+        self.lanes = lanes
+        if lanes is not None:
+            vocab_offsets = [v0 for v0, _ in lanes.vocab]
+            self.x_ctr, self.xn_oproj, self.xn_down = lane_counters(scheds)
         self.N = len(models)
         self.twins = [Twin(m, s, inv_freq) for m, s in zip(models, scheds)]
         self.d = scheds[0].dims.d
@@ -75,6 +81,7 @@ class TwinTP:
             if self.n_records is not None:
                 env["n_records"] = self.n_records
             env["rtag"] = np.full((L, 2, N, d), -1, dtype=np.int64)
+            env["fin"], env["ftag"] = torch.zeros(N, d), np.full((N, d), -1, dtype=np.int64)   # delayed, lane_agg
             kv_tag = np.full((L, dm.n_kv, k_caches[r].shape[3]), -1, dtype=np.int64)
             kv_tag[:, :, :valid_len] = -2
             env["kv_tag"] = kv_tag
@@ -107,7 +114,10 @@ class TwinTP:
             if not lst:
                 return True
             ins = lst[ptr[u]]
-            return ctr[ins[4]] >= (s + 1) * ins[5]
+            if ctr[ins[4]] < (s + 1) * ins[5]:
+                return False
+            xw = self._lane_wait(ins[0], ins[1]) if self.lanes is not None else None
+            return xw is None or ctr[xw[0]] >= (s + 1) * xw[1]
 
         while not all(done.values()):
             ready = [u for u in units if runnable(u)]
@@ -145,6 +155,9 @@ class TwinTP:
             if op == OP["SAMPLE"]:
                 self._cancel_hook(r, step, env, shared, cancel_at_step)
             tw._exec(ins, step, pos, env)
+            return
+        if self.lanes is not None:
+            self._exec_lane(r, ins, step, envs)
             return
         x, tags, rtag, recv = env["x"], env["tags"], env["rtag"], env["recv"]
         w = tw.layers[layer] if op != OP["LMHEAD"] else None
@@ -229,6 +242,122 @@ class TwinTP:
                 dst["ctr"][sig] += 1
         else:
             env["ctr"][sig] += 1
+
+    # ---- delayed mode (mk_exchange.cuh xr_lane_*) ----
+    def _lane_wait(self, op, layer):
+        """(peer counter, producers per step) the kernel's xr_lane_wait adds to this instruction's wait, or None."""
+        lp, L = self.lanes, self.L
+        if op == OP["GATEUP"]:
+            j, s = layer, 0
+        elif op == OP["QKV"] and layer > 0:
+            j, s = layer - 1, 1
+        elif op == OP["LMHEAD"] and lp.agg:
+            return self.x_ctr + 2 * L, self.xn_down
+        elif op == OP["LMHEAD"]:
+            j, s = L - 1, 1
+        elif op == OP["DOWN"] and lp.agg and layer == L - 1:
+            j, s = layer, 1
+        else:
+            return None
+        m = lp.modes[2 * j + s]
+        n = self.xn_oproj if s == 0 else self.xn_down
+        if m == isa.LANE_PRESENT and op != OP["DOWN"]:
+            return self.x_ctr + 2 * j + s, n
+        if m == isa.LANE_PAST:
+            return self.x_ctr + 2 * (j - lp.delay) + s, n
+        return None
+
+    def _lane_update(self, r, env, ins, step, j, s, rows, own=None):
+        """The update u of stage (j, s) for lane r at `rows` (module docstring of mk_exchange.cuh, delayed mode);
+        own: this lane's partial there (default: from its receive buffer), tags checked for everything read."""
+        lp, recv, rtag, tw = self.lanes, env["recv"], env["rtag"], self.twins[r]
+        m = lp.modes[2 * j + s]
+        op_of = lambda ly: _tag(step, ly, OP["OPROJ"] if s == 0 else OP["DOWN"])  # noqa: E731
+        if own is None:
+            tw._expect(rtag[j, s, r, rows], op_of(j), f"recv[{j}][{s}][own]", ins)
+            own = recv[j, s, r, rows]
+        if m == isa.LANE_NO_REDUCE:
+            return own * lp.scale
+        if m == isa.LANE_PAST_OWN:
+            return own
+        src = j - lp.delay if m == isa.LANE_PAST else j
+        tw._expect(rtag[src, s, :, rows].reshape(-1), op_of(src), f"recv[{src}][{s}]", ins)
+        tot = recv[src, s, 0, rows].clone()
+        for k in range(1, self.N):
+            tot = tot + recv[src, s, k, rows]
+        return tot if m == isa.LANE_PRESENT else own + (tot - recv[src, s, r, rows])
+
+    def _exec_lane(self, r, ins, step, envs) -> None:
+        op, layer, a0, a1, wc, wn, sig, aux = ins
+        N, L, lp = self.N, self.L, self.lanes
+        env, tw = envs[r], self.twins[r]
+        x, tags = env["x"], env["tags"]
+        w = tw.layers[layer] if op != OP["LMHEAD"] else None
+        emb = _tag(step, -1, EMBED)
+        rows = slice(a0, a0 + a1)
+        full = slice(None)
+        if op == OP["QKV"]:
+            tw._expect(tags["x"], emb if layer == 0 else _tag(step, layer - 1, OP["OPROJ"]), "x", ins)
+            xc = x if layer == 0 else x + self._lane_update(r, env, ins, step, layer - 1, 1, full)
+            env["qkv"][rows] = w.wqkv[rows].float().cpu() @ tw._norm(xc, w.ln1.cpu())
+            tags["qkv"][rows] = _tag(step, layer, op)
+        elif op == OP["GATEUP"]:
+            tw._expect(tags["x"], emb if layer == 0 else _tag(step, layer - 1, OP["DOWN"]), "x", ins)
+            xn = tw._norm(x + self._lane_update(r, env, ins, step, layer, 0, full), w.ln2.cpu())
+            f = tw.dm.ffn
+            env["h"][rows] = F.silu(w.wgu[rows].float().cpu() @ xn) * (w.wgu[f + a0:f + a0 + a1].float().cpu() @ xn)
+            tags["h"][rows] = _tag(step, layer, op)
+        elif op == OP["LMHEAD"]:
+            g = tw.m.norm.cpu()
+            if lp.agg:   # mean over lanes of each lane's normed final state
+                tw._expect(env["ftag"].reshape(-1), _tag(step, L - 1, OP["DOWN"]), "fin", ins)
+                xn = sum(tw._norm(env["fin"][k], g) for k in range(N)) / N
+            else:
+                tw._expect(tags["x"], _tag(step, L - 1, OP["OPROJ"]), "x", ins)
+                xn = tw._norm(x + self._lane_update(r, env, ins, step, L - 1, 1, full), g)
+            lg = tw.m.lm_head[rows].float().cpu() @ xn
+            v0 = self.vocab_offsets[r]
+            rec = tw._record(lg, v0 + a0, step, env)
+            slot = self.rec_off[r] + aux
+            for dst in envs:
+                dst["logits"][v0 + a0:v0 + a0 + a1] = lg
+                dst["tags"]["logits"][v0 + a0:v0 + a0 + a1] = _tag(step, 0, op)
+                dst["recs"][slot] = rec
+                dst["tags"]["rec"][slot] = _tag(step, 0, op)
+            for dst in envs:
+                dst["ctr"][sig] += 1
+            return
+        else:
+            stage = 0 if op == OP["OPROJ"] else 1
+            if op == OP["OPROJ"]:
+                tw._expect(tags["attn"], _tag(step, layer, OP["ATTN"]), "attn", ins)
+                out = w.wo[rows].float().cpu() @ env["attn"]
+                j, s = layer - 1, 1
+                x_want = emb if layer == 0 else _tag(step, layer - 1, OP["OPROJ"])
+            else:
+                tw._expect(tags["h"], _tag(step, layer, OP["GATEUP"]), "h", ins)
+                out = w.wd[rows].float().cpu() @ env["h"]
+                j, s = layer, 0
+                x_want = emb if layer == 0 else _tag(step, layer - 1, OP["DOWN"])
+            tw._expect(tags["x"][rows], x_want, "x rows", ins)
+            if j >= 0:   # materialise the previous stage's update into x[rows]
+                x[rows] = x[rows] + self._lane_update(r, env, ins, step, j, s, rows)
+                tags["x"][rows] = _tag(step, j, OP["OPROJ"] if s == 0 else OP["DOWN"])
+            fin = op == OP["DOWN"] and lp.agg and layer == L - 1
+            if fin:
+                f = x[rows] + self._lane_update(r, env, ins, step, layer, 1, rows, own=out)
+            t = _tag(step, layer, op)
+            for dst in envs:
+                dst["recv"][layer, stage, r, rows] = out
+                dst["rtag"][layer, stage, r, rows] = t
+                if fin:
+                    dst["fin"][r, rows] = f
+                    dst["ftag"][r, rows] = t
+            for dst in envs:
+                dst["ctr"][self.x_ctr + 2 * layer + stage] += 1
+                if fin:
+                    dst["ctr"][self.x_ctr + 2 * L] += 1
+        env["ctr"][sig] += 1
 
     def _cancel_hook(self, r, step, env, shared, cancel_at_step) -> None:
         """mk_exchange.cuh xr_cancelled: rank 0 announces at the step it sees the flag, all ranks stop one later.

@@ -191,7 +191,7 @@ class TPMonokernelBackend(MonokernelBackend):
         s = m.ranks[0].sched
         return (f"monokernel tp={self.tp} {self.tp_mode} on {', '.join(str(d) for d in m.devices)} "
                 f"({m.n_sm} CTAs per GPU, rank 0 {sum(map(len, s.per_sm))} instructions/step, "
-                f"{'vocabulary-parallel' if m.vocab_parallel else 'replicated'} LM head; {m.plan.describe()})")
+                f"{'vocabulary-parallel' if m.vocab_parallel else 'replicated'} LM head; {m.describe()})")
 
     def prefill(self, slot, ids, start_pos, all_logits=False):
         self.mirror.invalidate(slot, start_pos)   # the graphs write K/V from start_pos on (a padded tail included)

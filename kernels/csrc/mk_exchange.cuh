@@ -41,11 +41,187 @@ MK_DEV const float* xr_pending(const MkParams& p, int op, int layer) {
     return nullptr;
 }
 
+// ---------------------------------------------------------------- delayed mode (Laneformer lanes)
+// lane_mode != NULL: rank r runs lane r of a lane checkpoint (engine/lanes/model.py is the truth). Each rank keeps its
+// own residual stream x. OPROJ / DOWN still push their raw partial p into recv[layer][stage][this rank] of every
+// rank, but the update a stage (j, s) applies to this lane's stream depends on its reduce mode:
+//   PRESENT   u = p_0 + ... + p_{N-1}                (the exact-mode sum: waits for every rank's stage j)
+//   NO_REDUCE u = sqrt(N) * p_own
+//   PAST      u = p_own + ((P_0 + ... + P_{N-1}) - P_own),  P = the partials of stage s of layer j - delay
+//   PAST_OWN  u = p_own                              (PAST whose source layer was not queued, ambiguity A1)
+// so a consumer waits for its own rank's producers of (j, s) (the ordinary local counter) and, for PAST, for every
+// rank's producers of (j - delay, s) only (peer counter lane_x_ctr + 2 (j - delay) + s, bumped by all ranks):
+// a peer up to `delay` layers behind costs no wait. Buffer reuse: rank r writes recv[*] of step t + 1 only after
+// its sampler of step t saw every rank's LM-head records (the LM head is always exchanged in delayed mode), and a
+// rank's LM head comes after all of its reads of step t (every stage waits for all of the previous one).
+// Replicate LM head (lane_agg): the last DOWN also pushes this lane's final state x + u rows into fin[this rank]
+// (after the recv blocks) of every rank; the LM head normalises each lane's final state and takes their mean.
+MK_DEV size_t xr_fin_off(const MkParams& p) { return (size_t)p.n_layers * 2 * p.tp_size * p.d; }
+
+// Peer counter (and its producers per step) a delayed-mode instruction waits for besides its own wait, or -1.
+MK_DEV int xr_lane_wait(const MkParams& p, int op, int layer, unsigned* n) {
+    int j, s;
+    if (op == MK_OP_GATEUP) { j = layer; s = 0; }
+    else if (op == MK_OP_QKV && layer > 0) { j = layer - 1; s = 1; }
+    else if (op == MK_OP_LMHEAD && p.lane_agg) { *n = (unsigned)p.lane_xn_down; return p.lane_x_ctr + 2 * p.n_layers; }
+    else if (op == MK_OP_LMHEAD) { j = p.n_layers - 1; s = 1; }
+    else if (op == MK_OP_DOWN && p.lane_agg && layer == p.n_layers - 1) { j = layer; s = 1; }
+    else return -1;
+    const int m = p.lane_mode[2 * j + s];
+    *n = (unsigned)(s == 0 ? p.lane_xn_oproj : p.lane_xn_down);
+    if (m == MK_LANE_PRESENT && op != MK_OP_DOWN) return p.lane_x_ctr + 2 * j + s;
+    if (m == MK_LANE_PAST) return p.lane_x_ctr + 2 * (j - p.lane_delay) + s;
+    return -1;
+}
+
+// The update u (above) of stage (j, s) at rows i..i+3 / row i; own: this rank's partial there.
+MK_DEV float4 xr_lane_upd4(const MkParams& p, int j, int s, int i, float4 own) {
+    const int m = p.lane_mode[2 * j + s];
+    const int src = m == MK_LANE_PAST ? j - p.lane_delay : j;
+    const float* rb = p.recv + xr_off(p, src, s) + i;
+    if (m == MK_LANE_NO_REDUCE) return make_float4(own.x * p.lane_scale, own.y * p.lane_scale,
+                                                    own.z * p.lane_scale, own.w * p.lane_scale);
+    if (m == MK_LANE_PAST_OWN) return own;
+    float4 t = mk_ld_cg4((const float4*)rb);
+#pragma unroll
+    for (int r = 1; r < MK_MAX_TP; ++r) {
+        if (r < p.tp_size) {
+            const float4 b = mk_ld_cg4((const float4*)(rb + (size_t)r * p.d));
+            t.x += b.x; t.y += b.y; t.z += b.z; t.w += b.w;
+        }
+    }
+    if (m == MK_LANE_PRESENT) return t;
+    const float4 me = mk_ld_cg4((const float4*)(rb + (size_t)p.tp_rank * p.d));
+    return make_float4(own.x + (t.x - me.x), own.y + (t.y - me.y), own.z + (t.z - me.z), own.w + (t.w - me.w));
+}
+
+MK_DEV float xr_lane_upd1(const MkParams& p, int j, int s, int i, float own) {
+    const int m = p.lane_mode[2 * j + s];
+    const int src = m == MK_LANE_PAST ? j - p.lane_delay : j;
+    const float* rb = p.recv + xr_off(p, src, s) + i;
+    if (m == MK_LANE_NO_REDUCE) return own * p.lane_scale;
+    if (m == MK_LANE_PAST_OWN) return own;
+    float t = mk_ld_cg(rb);
+#pragma unroll
+    for (int r = 1; r < MK_MAX_TP; ++r)
+        if (r < p.tp_size) t += mk_ld_cg(rb + (size_t)r * p.d);
+    if (m == MK_LANE_PRESENT) return t;
+    return own + (t - mk_ld_cg(rb + (size_t)p.tp_rank * p.d));
+}
+
+// Delayed-mode wait: the instruction's own (local) counter, then the peer counter of xr_lane_wait at system scope;
+// with xwait set, thread 0's time in the peer wait alone (from step 1 on) is added to this CTA's total.
+MK_DEV bool xr_lane_wait_all(const MkParams& p, const int* ins, int step, int* sflag) {
+    const int op = ins[MK_F_OP];
+    // the sampler's LM counter is bumped by every rank's LM-head blocks
+    if (!wait_ctr(p, p.ctr + ins[MK_F_WAIT_CTR], (unsigned)((step + 1) * ins[MK_F_WAIT_N]), step, sflag,
+                  op == MK_OP_SAMPLE))
+        return false;
+    unsigned n = 0;
+    const int xc = xr_lane_wait(p, op, ins[MK_F_LAYER], &n);
+    if (xc < 0) return true;
+    const unsigned long long t0 = threadIdx.x == 0 ? mk_globaltimer() : 0ull;
+    const bool ok = wait_ctr(p, p.ctr + xc, (unsigned)(step + 1) * n, step, sflag, true);
+    if (p.xwait && step > 0 && threadIdx.x == 0) p.xwait[blockIdx.x] += mk_globaltimer() - t0;
+    return ok;
+}
+
+// Delayed-mode RMSNorm input of a residual consumer (xr_norm): this lane's x + u of the stage it consumes, or with
+// lane_agg at the LM head the mean over lanes of RMSNorm(fin[lane]) (each lane's final state). Ends synced.
+MK_DEV void xr_lane_norm(const MkParams& p, float* dst, const float* w, int op, int layer,
+                                          float* scr) {
+    const int n = p.d;
+    if (op == MK_OP_LMHEAD && p.lane_agg) {
+        const float* fin = p.recv + xr_fin_off(p);
+        // lane by lane: dst accumulates fin[l] * rsqrt(mean(fin[l]^2) + eps) (each thread its own elements)
+        for (int l = 0; l < p.tp_size; ++l) {
+            const float* f = fin + (size_t)l * n;
+            float ss = 0.f;
+            for (int i = threadIdx.x * 4; i < n; i += NT * 4) {
+                const float4 a = mk_ld_cg4((const float4*)(f + i));
+                ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+            }
+            ss = block_sum(ss, scr);
+            const float r = rsqrtf(ss / (float)n + p.eps);
+            for (int i = threadIdx.x; i < n; i += NT) dst[i] = (l == 0 ? 0.f : dst[i]) + mk_ld_cg(f + i) * r;
+        }
+        for (int i = threadIdx.x; i < n; i += NT) dst[i] = dst[i] / (float)p.tp_size * w[i];
+        __syncthreads();
+        return;
+    }
+    const int j = op == MK_OP_GATEUP ? layer : op == MK_OP_QKV ? layer - 1 : p.n_layers - 1;
+    const int s = op == MK_OP_GATEUP ? 0 : 1;
+    const float* own = p.recv + xr_off(p, j, s) + (size_t)p.tp_rank * n;
+    float ss = 0.f;
+    for (int i = threadIdx.x * 4; i < n; i += NT * 4) {
+        const float4 u = xr_lane_upd4(p, j, s, i, mk_ld_cg4((const float4*)(own + i)));
+        float4 a = mk_ld_cg4((const float4*)(p.x + i));
+        a.x += u.x; a.y += u.y; a.z += u.z; a.w += u.w;
+        *(float4*)(dst + i) = a;
+        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+    }
+    ss = block_sum(ss, scr);
+    const float r = rsqrtf(ss / (float)n + p.eps);
+    for (int i = threadIdx.x; i < n; i += NT) dst[i] = dst[i] * r * w[i];
+    __syncthreads();
+}
+
+// Delayed-mode OPROJ / DOWN rows [a0, a0 + R): materialise the previous stage's update of this lane into x[rows],
+// push the raw partial to every rank; the last DOWN with lane_agg also pushes this lane's final state rows.
+MK_DEV void xr_lane_residual(const MkParams& p, int op, int layer, int a0, int R, const float* out) {
+    const int stage = op == MK_OP_OPROJ ? 0 : 1;
+    const int j = op == MK_OP_OPROJ ? layer - 1 : layer, s = op == MK_OP_OPROJ ? 1 : 0;
+    const bool fin = op == MK_OP_DOWN && p.lane_agg && layer == p.n_layers - 1;
+    if (j >= 0) {
+        const float* own = p.recv + xr_off(p, j, s) + (size_t)p.tp_rank * p.d;
+        for (int r = threadIdx.x; r < R; r += NT) {
+            const float v = mk_ld_cg(p.x + a0 + r) + xr_lane_upd1(p, j, s, a0 + r, mk_ld_cg(own + a0 + r));
+            p.x[a0 + r] = v;
+            if (fin) {   // this lane's final state: x + u of the last MLP, own partial straight from `out`
+                const float f = v + xr_lane_upd1(p, layer, 1, a0 + r, out[r]);
+                const size_t fo = xr_fin_off(p) + (size_t)p.tp_rank * p.d + a0 + r;
+#pragma unroll
+                for (int k = 0; k < MK_MAX_TP; ++k)
+                    if (k < p.tp_size) p.peer_recv[k][fo] = f;
+            }
+        }
+    }
+    const size_t off = xr_off(p, layer, stage) + (size_t)p.tp_rank * p.d + a0;
+#pragma unroll
+    for (int k = 0; k < MK_MAX_TP; ++k) {
+        if (k < p.tp_size) {
+            float* dst = p.peer_recv[k] + off;
+            for (int r = threadIdx.x; r < R; r += NT) dst[r] = out[r];
+        }
+    }
+}
+
+// Delayed-mode completion of OPROJ / DOWN: fence, every rank's peer counter of (layer, stage) (and of the final
+// state after the last DOWN with lane_agg), then this rank's own stage counter with release (its local consumers
+// acquire it: the peer bumps precede it).
+MK_DEV void xr_lane_signal(const MkParams& p, int op, int layer, int ctr) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const int xc = p.lane_x_ctr + 2 * layer + (op == MK_OP_OPROJ ? 0 : 1);
+        const bool fin = op == MK_OP_DOWN && p.lane_agg && layer == p.n_layers - 1;
+        mk_fence_sys();
+#pragma unroll
+        for (int k = 0; k < MK_MAX_TP; ++k) {
+            if (k < p.tp_size) {
+                mk_red_relaxed_sys(p.peer_ctr[k] + xc, 1u);
+                if (fin) mk_red_relaxed_sys(p.peer_ctr[k] + p.lane_x_ctr + 2 * p.n_layers, 1u);
+            }
+        }
+        mk_red_release(p.ctr + ctr, 1u);
+    }
+}
+
 // The instruction's wait (kernel main loop). Exchanged waits acquire at system scope and, with xwait set,
 // add the nanoseconds thread 0 spent in them (from step 1 on: step 0 includes the launch skew between GPUs)
 // to this CTA's total. The spin includes local producers too: it is the time the exchange stage cost, an upper
 // bound on the exchange latency that was not hidden.
 MK_DEV bool xr_wait(const MkParams& p, const int* ins, int step, int* sflag) {
+    if (p.lane_mode != nullptr) return xr_lane_wait_all(p, ins, step, sflag);
     const unsigned* c = p.ctr + ins[MK_F_WAIT_CTR];
     const unsigned target = (unsigned)((step + 1) * ins[MK_F_WAIT_N]);
     if (!xr_exchanged_wait(p, ins[MK_F_OP], ins[MK_F_LAYER])) return wait_ctr(p, c, target, step, sflag);
@@ -57,6 +233,7 @@ MK_DEV bool xr_wait(const MkParams& p, const int* ins, int step, int* sflag) {
 
 // dst = RMSNorm(x [+ sum of the pending partials]) * w over the d residual rows. Ends synced.
 MK_DEV void xr_norm(const MkParams& p, float* dst, const float* w, int op, int layer, float* scr) {
+    if (p.lane_mode != nullptr && (op != MK_OP_QKV || layer > 0)) { xr_lane_norm(p, dst, w, op, layer, scr); return; }
     const float* rb = xr_pending(p, op, layer);
     if (rb == nullptr) { norm_vec(dst, p.x, w, p.d, p.eps, scr); return; }
     const int n = p.d;
@@ -88,6 +265,7 @@ MK_DEV void xr_residual(const MkParams& p, int op, int layer, int a0, int R, con
         for (int r = threadIdx.x; r < R; r += NT) p.x[a0 + r] = mk_ld_cg(p.x + a0 + r) + out[r];
         return;
     }
+    if (p.lane_mode != nullptr) { xr_lane_residual(p, op, layer, a0, R, out); return; }
     const int stage = op == MK_OP_OPROJ ? 0 : 1;
     const float* prev = op == MK_OP_OPROJ ? (layer > 0 ? p.recv + xr_off(p, layer - 1, 1) : nullptr)
                                           : p.recv + xr_off(p, layer, 0);
@@ -128,9 +306,10 @@ MK_DEV void xr_push_record(const MkParams& p, int aux) {
 // The instruction's completion signal. OPROJ / DOWN (and LMHEAD when vocabulary-parallel) under tensor
 // parallelism: every thread's pushes precede the barrier, thread 0's system-scope fence is cumulative over them,
 // then one relaxed add per rank's counter.
-MK_DEV void xr_signal(const MkParams& p, int op, int ctr) {
+MK_DEV void xr_signal(const MkParams& p, int op, int layer, int ctr) {
     const bool x = op == MK_OP_OPROJ || op == MK_OP_DOWN || (op == MK_OP_LMHEAD && p.lm_parallel);
     if (p.tp_size <= 1 || !x) { signal_ctr(p.ctr + ctr); return; }
+    if (p.lane_mode != nullptr && op != MK_OP_LMHEAD) { xr_lane_signal(p, op, layer, ctr); return; }
     __syncthreads();
     if (threadIdx.x == 0) {
         mk_fence_sys();

@@ -36,6 +36,10 @@
 #define MK_STATUS_ABORT 2
 #define MK_STATUS_TP_CANCEL 3
 #define MK_MAX_TP 8
+#define MK_LANE_PRESENT 0
+#define MK_LANE_NO_REDUCE 1
+#define MK_LANE_PAST 2
+#define MK_LANE_PAST_OWN 3
 #define MK_HOST_WD_BLOCK 3
 #define MK_HOST_WD_CTR 4
 #define MK_HOST_WD_TARGET 5
@@ -88,6 +92,7 @@ struct MkParams {
     unsigned* peer_ctr[8];
     int* peer_status[8];
     float* peer_lmrec[8];
+    const int* lane_mode;
     unsigned long long seed;
     unsigned long long watchdog_cycles;
     float eps;
@@ -128,4 +133,10 @@ struct MkParams {
     int vocab_off;
     int rec_off;
     int lm_parallel;
+    int lane_delay;
+    int lane_x_ctr;
+    int lane_xn_oproj;
+    int lane_xn_down;
+    int lane_agg;
+    float lane_scale;
 };

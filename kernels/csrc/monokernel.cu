@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             default:
                 break;
             }
-            xr_signal(p, op, ins[MK_F_SIG_CTR]);
+            xr_signal(p, op, layer, ins[MK_F_SIG_CTR]);
             trace(p, step, ii, 2);
         }
     }

@@ -204,6 +204,9 @@ class FakeTPKernel:
         self.fail_wait = fail_wait
         self.n_steps = 0
 
+    def describe(self) -> str:   # as TPMonokernel.describe (exact mode: the shard plan)
+        return self.plan.describe()
+
     def launch(self, slot, token, pos0, n_steps, temperature=0.0, top_p=1.0, seed=None, stop_ids=(), forced=None,
                logits_out=None):
         ok = True
