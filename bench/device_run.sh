@@ -1,6 +1,7 @@
 #!/bin/bash
 # One device call for the single-GPU work: build, SASS sanity, smoke/bisect, every GPU test (tests/gpu), the decode
-# bench, and with EDITOR=1 the prefill bench and the GPU editor loop. Logs in $OUT, a short summary on stdout.
+# bench, and with EDITOR=1 the prefill bench (PREFILL=0 skips it) and the GPU editor loop. Logs in $OUT, a short
+# summary on stdout.
 #   BENCH_ARGS="--peer none" TEST_TIMEOUT=300 BENCH_TIMEOUT=240 EDITOR=1 bash bench/device_run.sh
 set -o pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 KOG_KERNELS_CACHE=/tmp/kcache
@@ -36,7 +37,9 @@ grep -E "skipped|Error|error" "$OUT/bench.log" | head -8
 tail -n 6 "$OUT/bench.log"
 echo "decode bench done at $(( $(date +%s) - t0 )) s"
 if [ -n "$EDITOR" ]; then
-  timeout 120 python3 bench/prefill.py > "$OUT/prefill.log" 2>&1; tail -n 9 "$OUT/prefill.log" | grep -v '^{'
+  if [ "${PREFILL:-1}" != 0 ]; then
+    timeout 120 python3 bench/prefill.py > "$OUT/prefill.log" 2>&1; tail -n 9 "$OUT/prefill.log" | grep -v '^{'
+  fi
   timeout "${EDITOR_TIMEOUT:-240}" python3 bench/editor_loop.py --mode engine --device cuda \
     --random-shape qwen2.5-coder-1.5b --max-tokens 16 ${EDITOR_ARGS} > "$OUT/editor.log" 2>&1
   tail -n 8 "$OUT/editor.log" | grep -v '^{"kind"'

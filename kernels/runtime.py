@@ -6,6 +6,7 @@ the cancel flag goes in, builds the schedule, and launches the persistent kernel
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import random
@@ -78,13 +79,30 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+
+@contextlib.contextmanager
+def _keeps_device():
+    """The library's cudaSetDevice (mk_set_device, mk_enable_peer) switches the thread's current context, which
+    torch shares: give the caller its current device back, even when the body raises."""
+    caller = torch.cuda.current_device()
+    try:
+        yield
+    finally:
+        torch.cuda.set_device(caller)
+
+
 class Monokernel:
     """model: engine.model.Model on a CUDA device; k_cache/v_cache: [S, L, kvh, max_len, hd] bf16."""
 
     def __init__(self, model, k_cache: torch.Tensor, v_cache: torch.Tensor, max_steps: int = 4096,
                  n_sm: int | None = None, sched: Schedule | None = None):
         """sched: a prebuilt schedule for this model's shape and n_sm (tensor parallelism passes one whose
-        exchanged waits count every rank's producers: kernels/tp_runtime.py)."""
+        exchanged waits count every rank's producers: kernels/tp_runtime.py). The library calls below bind to the
+        thread's current device, which is the model's device inside this block; the caller's comes back after."""
+        with torch.cuda.device(model.device):
+            self._init(model, k_cache, v_cache, max_steps, n_sm, sched)
+
+    def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched) -> None:
         self.lib = lib = load_library()
         self.model, self.cfg = model, model.cfg
         dev = model.device
@@ -190,9 +208,10 @@ class Monokernel:
         logits_out: fp32 [n_steps, V] receives every step's logits."""
         p = self.params(slot, token, pos0, n_steps, temperature, top_p, seed, stop_ids, forced, logits_out)
         self.stream = torch.cuda.current_stream(self.device)
-        self.lib.mk_set_device(self.dev_index)   # per host thread: the engine worker may not be the creator
-        err = self.lib.mk_launch(ctypes.byref(p), self.n_sm, self.smem, ctypes.c_void_p(self.stream.cuda_stream),
-                                 self.sched.n_counters)
+        with _keeps_device():
+            self.lib.mk_set_device(self.dev_index)   # per host thread: the engine worker may not be the creator
+            err = self.lib.mk_launch(ctypes.byref(p), self.n_sm, self.smem, ctypes.c_void_p(self.stream.cuda_stream),
+                                     self.sched.n_counters)
         _check(self.lib, err, "monokernel launch")
         self.running = True
         self.n_steps = n_steps

@@ -35,7 +35,7 @@ import time
 import torch
 
 from . import isa, schedule
-from .runtime import Monokernel, _check, load_library
+from .runtime import Monokernel, _check, _keeps_device, load_library
 from .tp_local import kernel_plan, lane_plan, lane_rank_model, rank_model
 
 log = logging.getLogger("kernels")
@@ -70,6 +70,7 @@ def counter_name(idx: int, n_layers: int, lane_base: int | None = None) -> str:
     return f"ATTN ticket {idx - base - 2}"
 
 
+
 class TPMonokernel:
     """model: engine.model.Model (any device; bf16 weights are streamed as is, others are cast to bf16);
     devices: one CUDA device per rank (distinct). k_caches/v_caches: optional per-rank bf16 caches
@@ -101,17 +102,8 @@ class TPMonokernel:
                 if a != b and not torch.cuda.can_device_access_peer(a, b):
                     raise TPUnavailableError(f"cuda:{a} cannot access cuda:{b}'s memory (no peer-to-peer path); "
                                              "the in-kernel exchange needs NVLink or PCIe P2P between every pair")
-        for a in idx:
-            for b in idx:
-                if a == b:
-                    continue
-                err = lib.mk_enable_peer(a, b)
-                if err == -1:
-                    raise TPUnavailableError(f"cuda:{a} -> cuda:{b}: the peer link has no native atomics (PCIe "
-                                             "without P2P atomics?); the exchange bumps peer counters atomically")
-                if err != 0:
-                    raise TPUnavailableError(f"cudaDeviceEnablePeerAccess(cuda:{a} -> cuda:{b}) failed: CUDA error "
-                                             f"{err} ({lib.mk_error_string(err).decode()})")
+        with _keeps_device():
+            self._enable_peers(lib, idx)
         if n_sm is None:
             n_sm = min(torch.cuda.get_device_properties(i).multi_processor_count for i in idx)
         self.n_sm = n_sm
@@ -264,15 +256,24 @@ class TPMonokernel:
                 streams.append(torch.cuda.current_stream(self.devices[r]))
         for s in streams:
             s.synchronize()
-        # mk_set_device switches the thread's current context, which torch shares: give the caller its device back,
-        # even when a launch raises.
-        caller = torch.cuda.current_device()
-        try:
+        with _keeps_device():
             self._start_ranks(params, streams, n_steps)
-        finally:
-            torch.cuda.set_device(caller)
         self.running = True
         self.n_steps = n_steps
+
+    @staticmethod
+    def _enable_peers(lib, idx: list[int]) -> None:
+        for a in idx:
+            for b in idx:
+                if a == b:
+                    continue
+                err = lib.mk_enable_peer(a, b)
+                if err == -1:
+                    raise TPUnavailableError(f"cuda:{a} -> cuda:{b}: the peer link has no native atomics (PCIe "
+                                             "without P2P atomics?); the exchange bumps peer counters atomically")
+                if err != 0:
+                    raise TPUnavailableError(f"cudaDeviceEnablePeerAccess(cuda:{a} -> cuda:{b}) failed: CUDA error "
+                                             f"{err} ({lib.mk_error_string(err).decode()})")
 
     def _start_ranks(self, params, streams, n_steps: int) -> None:
         for r, mk in enumerate(self.ranks):
