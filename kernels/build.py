@@ -1,7 +1,8 @@
 """Build the monokernel shared library with plain nvcc (no torch headers: seconds, not a minute).
 
 The library is cached under ~/.cache/kog-lsp/kernels/<hash>/ keyed by the sources, the rendered ISA header and
-the flags; a build prints one progress line. `KOG_KERNELS_CACHE` overrides the cache root.
+the flags; a build prints one progress line. `KOG_KERNELS_CACHE` overrides the cache root. Two variants: tp=False
+(one GPU: the tensor-parallel exchange compiled out, -DMK_TP=0) and tp=True (kernels/tp_runtime.py).
 """
 from __future__ import annotations
 
@@ -33,19 +34,23 @@ def find_nvcc() -> str | None:
     return None
 
 
-def source_hash() -> str:
+def variant_flags(tp: bool) -> tuple[str, ...]:
+    return (f"-DMK_TP={int(tp)}",)
+
+
+def source_hash(tp: bool = False) -> str:
     h = hashlib.sha256()
     for name in SOURCES:
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
     h.update(isa.render_header().encode())
-    h.update(" ".join((ARCH,) + FLAGS).encode())
+    h.update(" ".join((ARCH,) + FLAGS + variant_flags(tp)).encode())
     return h.hexdigest()[:16]
 
 
-def build(verbose: bool = False) -> Path:
-    """-> path of libmonokernel.so (built if the cache has none for these sources)."""
-    out_dir = cache_root() / source_hash()
+def build(verbose: bool = False, tp: bool = False) -> Path:
+    """-> path of libmonokernel.so of the variant (built if the cache has none for these sources)."""
+    out_dir = cache_root() / source_hash(tp)
     lib = out_dir / "libmonokernel.so"
     if lib.exists():
         return lib
@@ -57,8 +62,9 @@ def build(verbose: bool = False) -> Path:
     # always the one kernels/isa.py describes (tests check the checked-in copy matches too).
     (out_dir / "mk_isa.h").write_text(isa.render_header())
     tmp = out_dir / f"libmonokernel.{os.getpid()}.so"
-    cmd = [nvcc, ARCH, *FLAGS, f"-I{out_dir}", f"-I{CSRC}", "-o", str(tmp), str(CSRC / "monokernel.cu")]
-    print(f"[kernels] building monokernel with nvcc into {out_dir} ...", file=sys.stderr, flush=True)
+    cmd = [nvcc, ARCH, *FLAGS, *variant_flags(tp), f"-I{out_dir}", f"-I{CSRC}", "-o", str(tmp), str(CSRC / "monokernel.cu")]
+    what = "tensor-parallel monokernel" if tp else "monokernel"
+    print(f"[kernels] building {what} with nvcc into {out_dir} ...", file=sys.stderr, flush=True)
     t0 = time.time()
     res = subprocess.run(cmd, capture_output=True, text=True)
     (out_dir / "build.log").write_text(res.stdout + res.stderr)
@@ -75,3 +81,4 @@ def build(verbose: bool = False) -> Path:
 
 if __name__ == "__main__":
     print(build(verbose=True))
+    print(build(verbose=True, tp=True))

@@ -35,13 +35,13 @@ class MkParams(ctypes.Structure):
     _fields_ = [(n, _ctype(k)) for n, k in isa.PARAM_FIELDS]
 
 
-_LIB = None
+_LIBS: dict[bool, ctypes.CDLL] = {}
 
 
-def load_library() -> ctypes.CDLL:
-    global _LIB
-    if _LIB is None:
-        lib = ctypes.CDLL(str(build()))
+def load_library(tp: bool = False) -> ctypes.CDLL:
+    """The one-GPU build, or with tp the tensor-parallel one (kernels/build.py)."""
+    if tp not in _LIBS:
+        lib = ctypes.CDLL(str(build(tp=tp)))
         lib.mk_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         lib.mk_start.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         lib.mk_host_alloc.argtypes = [ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
@@ -50,8 +50,8 @@ def load_library() -> ctypes.CDLL:
         lib.mk_occupancy.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
         if lib.mk_params_size() != ctypes.sizeof(MkParams) or lib.mk_layer_size() != ctypes.sizeof(MkLayer):
             raise RuntimeError("MkParams layout differs between CUDA and ctypes (stale build?)")
-        _LIB = lib
-    return _LIB
+        _LIBS[tp] = lib
+    return _LIBS[tp]
 
 
 def _check(lib, err: int, what: str) -> None:
@@ -95,15 +95,16 @@ class Monokernel:
     """model: engine.model.Model on a CUDA device; k_cache/v_cache: [S, L, kvh, max_len, hd] bf16."""
 
     def __init__(self, model, k_cache: torch.Tensor, v_cache: torch.Tensor, max_steps: int = 4096,
-                 n_sm: int | None = None, sched: Schedule | None = None):
+                 n_sm: int | None = None, sched: Schedule | None = None, tp_build: bool = False):
         """sched: a prebuilt schedule for this model's shape and n_sm (tensor parallelism passes one whose
-        exchanged waits count every rank's producers: kernels/tp_runtime.py). The library calls below bind to the
-        thread's current device, which is the model's device inside this block; the caller's comes back after."""
+        exchanged waits count every rank's producers, and tp_build: the library variant with the exchange:
+        kernels/tp_runtime.py). The library calls below bind to the thread's current device, which is the model's
+        device inside this block; the caller's comes back after."""
         with torch.cuda.device(model.device):
-            self._init(model, k_cache, v_cache, max_steps, n_sm, sched)
+            self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build)
 
-    def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched) -> None:
-        self.lib = lib = load_library()
+    def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build) -> None:
+        self.lib = lib = load_library(tp_build)
         self.model, self.cfg = model, model.cfg
         dev = model.device
         self.device = dev

@@ -96,7 +96,7 @@ class TPMonokernel:
                                      "peer-mapped by cudaDeviceEnablePeerAccess; unset it for tensor parallelism")
         self.dev_idx = idx
         self.devices = [torch.device("cuda", i) for i in idx]
-        self.lib = lib = load_library()
+        self.lib = lib = load_library(tp=True)
         for a in idx:
             for b in idx:
                 if a != b and not torch.cuda.can_device_access_peer(a, b):
@@ -158,7 +158,7 @@ class TPMonokernel:
         for r in range(N):
             with torch.cuda.device(self.devices[r]):
                 self.ranks.append(Monokernel(self.models[r], self.k_caches[r], self.v_caches[r],
-                                             max_steps=self.max_steps, n_sm=n_sm, sched=scheds[r]))
+                                             max_steps=self.max_steps, n_sm=n_sm, sched=scheds[r], tp_build=True))
         self.recv = [torch.zeros(L * 2 * N * d + fin * d, dtype=torch.float32, device=dv) for dv in self.devices]
         self.xwait = [torch.zeros(n_sm, dtype=torch.int64, device=dv) for dv in self.devices]
         # every rank's sampling records (vocabulary-parallel), else each Monokernel's own

@@ -20,6 +20,14 @@
 // buffer, their OPROJ of the last layer at step s + 1), so no parity copies and no reset barrier.
 #pragma once
 
+// Built twice (kernels/build.py): MK_TP=0 for one GPU, where every function below is exactly the single-GPU code
+// (the exchange and lane paths are compiled out: with them present, the tp = 1 branches alone cost ~0.2 us per
+// residual norm, bench/NOTES.md session 3), and MK_TP=1 for tensor parallelism.
+#ifndef MK_TP
+#define MK_TP 1
+#endif
+constexpr bool kTP = MK_TP != 0;
+
 // This rank's receive buffer of (layer, stage 0 = OPROJ | 1 = DOWN), source rank 0; source r is + r * d.
 MK_DEV size_t xr_off(const MkParams& p, int layer, int stage) {
     return ((size_t)layer * 2 + stage) * (size_t)p.tp_size * p.d;
@@ -221,6 +229,7 @@ MK_DEV void xr_lane_signal(const MkParams& p, int op, int layer, int ctr) {
 // to this CTA's total. The spin includes local producers too: it is the time the exchange stage cost, an upper
 // bound on the exchange latency that was not hidden.
 MK_DEV bool xr_wait(const MkParams& p, const int* ins, int step, int* sflag) {
+    if (!kTP) return wait_ctr(p, p.ctr + ins[MK_F_WAIT_CTR], (unsigned)((step + 1) * ins[MK_F_WAIT_N]), step, sflag);
     if (p.lane_mode != nullptr) return xr_lane_wait_all(p, ins, step, sflag);
     const unsigned* c = p.ctr + ins[MK_F_WAIT_CTR];
     const unsigned target = (unsigned)((step + 1) * ins[MK_F_WAIT_N]);
@@ -233,6 +242,7 @@ MK_DEV bool xr_wait(const MkParams& p, const int* ins, int step, int* sflag) {
 
 // dst = RMSNorm(x [+ sum of the pending partials]) * w over the d residual rows. Ends synced.
 MK_DEV void xr_norm(const MkParams& p, float* dst, const float* w, int op, int layer, float* scr) {
+    if (!kTP) { norm_vec(dst, p.x, w, p.d, p.eps, scr); return; }
     if (p.lane_mode != nullptr && (op != MK_OP_QKV || layer > 0)) { xr_lane_norm(p, dst, w, op, layer, scr); return; }
     const float* rb = xr_pending(p, op, layer);
     if (rb == nullptr) { norm_vec(dst, p.x, w, p.d, p.eps, scr); return; }
@@ -261,7 +271,7 @@ MK_DEV void xr_norm(const MkParams& p, float* dst, const float* w, int op, int l
 // OPROJ / DOWN output of rows [a0, a0 + R) (out: shared memory). Single GPU: x[rows] += out. Tensor parallel:
 // materialise the previous exchanged stage into x[rows], then push out to every rank (steps 1 and 2 above).
 MK_DEV void xr_residual(const MkParams& p, int op, int layer, int a0, int R, const float* out) {
-    if (p.tp_size <= 1) {
+    if (!kTP || p.tp_size <= 1) {
         for (int r = threadIdx.x; r < R; r += NT) p.x[a0 + r] = mk_ld_cg(p.x + a0 + r) + out[r];
         return;
     }
@@ -291,7 +301,7 @@ MK_DEV void xr_residual(const MkParams& p, int op, int layer, int a0, int R, con
 // Vocabulary-parallel LM head: thread 0 (which wrote this block's record in lm_record) copies it into the same
 // slot of every other rank's record array; xr_signal then publishes it with the LMHEAD counter of every rank.
 MK_DEV void xr_push_record(const MkParams& p, int aux) {
-    if (p.tp_size <= 1 || !p.lm_parallel || threadIdx.x != 0) return;
+    if (!kTP || p.tp_size <= 1 || !p.lm_parallel || threadIdx.x != 0) return;
     const size_t off = (size_t)(p.rec_off + aux) * MK_REC_WORDS;
     const unsigned* src = (const unsigned*)(p.lmrec + off);
 #pragma unroll
@@ -308,7 +318,7 @@ MK_DEV void xr_push_record(const MkParams& p, int aux) {
 // then one relaxed add per rank's counter.
 MK_DEV void xr_signal(const MkParams& p, int op, int layer, int ctr) {
     const bool x = op == MK_OP_OPROJ || op == MK_OP_DOWN || (op == MK_OP_LMHEAD && p.lm_parallel);
-    if (p.tp_size <= 1 || !x) { signal_ctr(p.ctr + ctr); return; }
+    if (!kTP || p.tp_size <= 1 || !x) { signal_ctr(p.ctr + ctr); return; }
     if (p.lane_mode != nullptr && op != MK_OP_LMHEAD) { xr_lane_signal(p, op, layer, ctr); return; }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -324,7 +334,7 @@ MK_DEV void xr_signal(const MkParams& p, int op, int layer, int ctr) {
 // comes after it received rank 0's partials of step s + 1 (system-scope acquire), which rank 0 pushed after
 // this store and fence, so every rank stops at the same step and no rank waits for a peer that has stopped.
 MK_DEV int xr_cancelled(const MkParams& p, int step) {
-    if (p.tp_size <= 1) return *(volatile const int*)p.cancel;
+    if (!kTP || p.tp_size <= 1) return *(volatile const int*)p.cancel;
     const int at = *(volatile int*)(p.status + MK_STATUS_TP_CANCEL);
     if (at != 0 && step >= at - 1) return 1;
     if (p.tp_rank == 0 && at == 0 && *(volatile const int*)p.cancel) {
