@@ -45,7 +45,8 @@ PHASES = {
     # Run once for 100 s (README): FIM samples never straddle a training window (pack_aligned) and suffixes are
     # cut to about the server's window; slightly worse than the shipped model.
     "fim-short": dict(fim_rate=0.8, span_mix=(0.60, 0.25), seed_offset=2, max_suffix_chars=900, aligned=True),
-    # Not run on the GPU yet (README "Next training step"): half the FIM samples in SPM order, where the prefix end
+    # The shipped model's last phase (session 3, 300 s; engine/models/default/README.md): half the FIM samples in
+    # SPM order, where the prefix end
     # sits right before the middle (the shipped model predicts a masked line *worse* with a suffix than without
     # one: it does not find the prefix end across the suffix in PSM); every middle starts on a pre-token
     # boundary (what the engine's token healing serves); aligned packing; suffix cut to the server's window.
