@@ -504,6 +504,21 @@ def _time_backend(cls, cfg: ModelConfig, args, tp: int, tp_mode: str) -> dict:
         return {"not_run": f"failed: {type(e).__name__}: {e}"}
 
 
+def time_kernel_run(eng, restore, args, tok0: int) -> float:
+    """Median us/token of eng.run (Monokernel or TPMonokernel) over args.reps runs of args.tokens from position
+    args.ctx, each after restore() (the KV cache as before the run) and one untimed warm-up run."""
+    restore()
+    if args.warmup:
+        eng.run(0, tok0, args.ctx, args.warmup)
+    ts = []
+    for _ in range(args.reps):
+        restore()
+        t0 = time.perf_counter()
+        toks, _ = eng.run(0, tok0, args.ctx, args.tokens)
+        ts.append((time.perf_counter() - t0) / len(toks))
+    return statistics.median(ts) * 1e6
+
+
 def _time_tp_monokernel(cfg: ModelConfig, args) -> dict:
     """us/token of TPMonokernel on args.gpus GPUs and of Monokernel on GPU 0 (same weights, same random KV
     context, same timing: one launch of args.tokens greedy steps from position ctx, median of args.reps, after a
@@ -521,16 +536,7 @@ def _time_tp_monokernel(cfg: ModelConfig, args) -> dict:
         tok0 = 1234 % cfg.vocab_size
 
         def timed(eng, restore) -> float:
-            restore()
-            if args.warmup:
-                eng.run(0, tok0, args.ctx, args.warmup)
-            ts = []
-            for _ in range(args.reps):
-                restore()
-                t0 = time.perf_counter()
-                toks, _ = eng.run(0, tok0, args.ctx, args.tokens)
-                ts.append((time.perf_counter() - t0) / len(toks))
-            return statistics.median(ts) * 1e6
+            return time_kernel_run(eng, restore, args, tok0)
 
         k1, v1 = k.clone(), v.clone()
         mk = Monokernel(model, k1, v1, max_steps=max(args.tokens, args.warmup, 16) + 1)
@@ -589,16 +595,7 @@ def _time_tp_delayed(cfg: ModelConfig, args) -> dict:
     tok0 = 1234 % cfg.vocab_size
 
     def timed(eng, restore) -> float:
-        restore()
-        if args.warmup:
-            eng.run(0, tok0, args.ctx, args.warmup)
-        ts = []
-        for _ in range(args.reps):
-            restore()
-            t0 = time.perf_counter()
-            toks, _ = eng.run(0, tok0, args.ctx, args.tokens)
-            ts.append((time.perf_counter() - t0) / len(toks))
-        return statistics.median(ts) * 1e6
+        return time_kernel_run(eng, restore, args, tok0)
 
     try:
         lcfg = lane_config_like(cfg, n, broadcast_delay=args.lane_delay)

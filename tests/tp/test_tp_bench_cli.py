@@ -108,3 +108,20 @@ def test_peer_step_sharded_equals_unsharded_on_cpu():
         assert r["check_rel_l2_vs_1gpu"] < 1e-5 and r["check_token_equal"], r
         torch.testing.assert_close(torch.tensor(r["logits"]), torch.tensor(r["ref_logits"]), atol=1e-5, rtol=1e-5)
     assert "balanced" in rows[1]["plan"]
+
+
+def test_time_kernel_run_restores_before_each_run_and_reports_the_median(tp_bench):
+    """The monokernel rows' timing: one warm-up run, then reps timed runs of `tokens`, each after restore(); the
+    result is the median time per generated token in microseconds."""
+    from types import SimpleNamespace
+    calls = []
+
+    class FakeKernel:
+        def run(self, slot, tok, pos, n):
+            calls.append(("run", tok, pos, n))
+            return [tok] * n, "length"
+
+    args = SimpleNamespace(warmup=4, reps=3, ctx=100, tokens=8)
+    us = tp_bench.time_kernel_run(FakeKernel(), lambda: calls.append(("restore",)), args, 7)
+    assert calls == [("restore",), ("run", 7, 100, 4)] + [("restore",), ("run", 7, 100, 8)] * 3
+    assert 0 < us < 1e5
