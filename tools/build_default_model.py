@@ -78,10 +78,10 @@ def main(argv=None) -> dict:
     ap.add_argument("--pack", type=Path, help="also pack the results into this folder (<= 8 files)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--deadline-s", type=float, default=560.0, help="whole-run budget; training stops early to fit")
-    ap.add_argument("--train-seconds", type=float, default=330.0, help="pretrain phase budget")
-    ap.add_argument("--fim-seconds", type=float, default=110.0, help="fim phase budget")
+    ap.add_argument("--train-seconds", type=float, default=280.0, help="pretrain phase budget")
+    ap.add_argument("--fim-seconds", type=float, default=170.0, help="fim / fim-spm phase budget")
     ap.add_argument("--phase", choices=("all", "pretrain", "fim", "fim-short", "fim-spm"), default="all",
-                    help="all = pretrain then fim in one run")
+                    help="all = pretrain then fim-spm in one run (the shipped model's recipe in one device call)")
     ap.add_argument("--init-from", type=Path, help="start from this model dir (its tokenizer is kept)")
     ap.add_argument("--fim-max-steps", type=int, help="override the fim phase step count (reproduce a run)")
     ap.add_argument("--max-steps", type=int, help="override the scale's step count (reproduce a run)")
@@ -149,7 +149,7 @@ def main(argv=None) -> dict:
 
     # 4. training phases: FIM / plain samples packed into one token stream each
     reserve = 120.0 if a.scale == "full" else 5.0         # save + eval (ppl + up to 10 line-task runs) kept back
-    phases = ["pretrain", "fim"] if a.phase == "all" else [a.phase]
+    phases = ["pretrain", "fim-spm"] if a.phase == "all" else [a.phase]
     stats_list = []
     for ph in phases:
         P = PHASES[ph]
