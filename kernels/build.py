@@ -62,7 +62,8 @@ def build(verbose: bool = False, tp: bool = False) -> Path:
     # always the one kernels/isa.py describes (tests check the checked-in copy matches too).
     (out_dir / "mk_isa.h").write_text(isa.render_header())
     tmp = out_dir / f"libmonokernel.{os.getpid()}.so"
-    cmd = [nvcc, ARCH, *FLAGS, *variant_flags(tp), f"-I{out_dir}", f"-I{CSRC}", "-o", str(tmp), str(CSRC / "monokernel.cu")]
+    cmd = [nvcc, ARCH, *FLAGS, *variant_flags(tp), f"-I{out_dir}", f"-I{CSRC}", "-o", str(tmp),
+           str(CSRC / "monokernel.cu")]
     what = "tensor-parallel monokernel" if tp else "monokernel"
     print(f"[kernels] building {what} with nvcc into {out_dir} ...", file=sys.stderr, flush=True)
     t0 = time.time()

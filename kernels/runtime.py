@@ -79,7 +79,6 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-
 @contextlib.contextmanager
 def _keeps_device():
     """The library's cudaSetDevice (mk_set_device, mk_enable_peer) switches the thread's current context, which
