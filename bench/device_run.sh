@@ -2,7 +2,7 @@
 # One device call for the single-GPU work: build, SASS sanity, smoke/bisect, every GPU test (tests/gpu), the decode
 # bench, and with EDITOR=1 the prefill bench (PREFILL=0 skips it) and the GPU editor loop. Logs in $OUT, a short
 # summary on stdout.
-#   BENCH_ARGS="--peer none" TEST_TIMEOUT=300 BENCH_TIMEOUT=240 EDITOR=1 bash bench/device_run.sh
+#   TESTS="tests/gpu/test_monokernel.py" (or none) BENCH_ARGS="--peer none" TEST_TIMEOUT=300 BENCH_TIMEOUT=240 EDITOR=1 bash bench/device_run.sh
 set -o pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 KOG_KERNELS_CACHE=/tmp/kcache
 OUT=${OUT:-/tmp/mk_out}
@@ -28,10 +28,12 @@ if ! timeout 90 python3 bench/mk_smoke.py > "$OUT/smoke.log" 2>&1; then
 fi
 tail -12 "$OUT/smoke.log"
 echo "smoke done at $(( $(date +%s) - t0 )) s"
-timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -s -rA -p no:cacheprovider tests/gpu \
-  ${TEST_ARGS} > "$OUT/tests.log" 2>&1
-grep -E "^(PASSED|FAILED|ERROR)|rel L2|cancel:|passed|failed|Error:|assert" "$OUT/tests.log" | head -40
-echo "tests done at $(( $(date +%s) - t0 )) s"
+if [ "${TESTS:-tests/gpu}" != none ]; then
+  timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -s -rA -p no:cacheprovider ${TESTS:-tests/gpu} \
+    ${TEST_ARGS} > "$OUT/tests.log" 2>&1
+  grep -E "^(PASSED|FAILED|ERROR)|rel L2|cancel:|passed|failed|Error:|assert" "$OUT/tests.log" | head -40
+  echo "tests done at $(( $(date +%s) - t0 )) s"
+fi
 timeout "${BENCH_TIMEOUT:-240}" python3 bench/decode.py ${BENCH_ARGS} > "$OUT/bench.log" 2>&1
 grep -E "skipped|Error|error" "$OUT/bench.log" | head -8
 tail -n 6 "$OUT/bench.log"

@@ -1,0 +1,38 @@
+#!/bin/bash
+# Device call: main's decode bench, then each patch set in VARIANTS (patch numbers, ';' between sets) with
+# VTESTS (default: the monokernel GPU tests) and the decode bench. Sets are spread over the visible GPUs, one
+# queue per GPU running in parallel. Logs as one tarball per set in $OUT; per-set summaries on stdout.
+set -o pipefail
+ROOT=$(pwd)
+FINAL=${OUT:-/tmp/mk_out}
+mkdir -p "$FINAL"
+BA=${BENCH_ARGS:-"--peer none --reps 3 --prefetch 0 --min-pos 128"}
+NG=$(nvidia-smi -L | wc -l)
+run() {  # name dir tests gpu
+  CUDA_VISIBLE_DEVICES=$4 OUT=/tmp/out_$1 TESTS=$3 BENCH_ARGS="$BA" bash "$2/bench/device_run.sh" \
+    > "/tmp/sum_$1.txt" 2>&1
+  tar czf "$FINAL/$1.tgz" -C /tmp "out_$1"
+}
+SETS=()
+[ "${BASE:-1}" = 1 ] && SETS+=("main")
+IFS=';' read -ra V <<< "${VARIANTS:-03;03 04}"
+SETS+=("${V[@]}")
+for g in $(seq 0 $((NG - 1))); do
+  (
+    for i in "${!SETS[@]}"; do
+      [ $((i % NG)) = "$g" ] || continue
+      v=${SETS[$i]}
+      if [ "$v" = main ]; then run main "$ROOT" none "$g"; continue; fi
+      name=v$(echo "$v" | tr -d ' ')
+      d=/tmp/$name; rm -rf "$d"; cp -r "$ROOT" "$d"
+      (cd "$d" && for p in $v; do git apply "bench/experiments/$p"-*.patch || exit 1; done) \
+        || { echo "patch failed" > "/tmp/sum_$name.txt"; continue; }
+      run "$name" "$d" "${VTESTS:-tests/gpu/test_monokernel.py}" "$g"
+    done
+  ) &
+done
+wait
+for v in "${SETS[@]}"; do
+  name=$v; [ "$v" = main ] || name=v$(echo "$v" | tr -d ' ')
+  echo "=== $name"; grep -vE "^PASSED" "/tmp/sum_$name.txt"
+done
