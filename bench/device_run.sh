@@ -1,6 +1,6 @@
 #!/bin/bash
 # One device call for the single-GPU work: build, SASS sanity, smoke/bisect, every GPU test (tests/gpu), the decode
-# bench, and with EDITOR=1 the prefill bench (PREFILL=0 skips it) and the GPU editor loop. Logs in $OUT, a short
+# bench (BENCH=0 skips it), and with EDITOR=1 the prefill bench (PREFILL=0 skips it) and the GPU editor loop. Logs in $OUT, a short
 # summary on stdout.
 #   TESTS="tests/gpu/test_monokernel.py" (or none) BENCH_ARGS="--peer none" TEST_TIMEOUT=300 BENCH_TIMEOUT=240 EDITOR=1 bash bench/device_run.sh
 set -o pipefail
@@ -34,10 +34,12 @@ if [ "${TESTS:-tests/gpu}" != none ]; then
   grep -E "^(PASSED|FAILED|ERROR)|rel L2|cancel:|passed|failed|Error:|assert" "$OUT/tests.log" | head -40
   echo "tests done at $(( $(date +%s) - t0 )) s"
 fi
-timeout "${BENCH_TIMEOUT:-240}" python3 bench/decode.py ${BENCH_ARGS} > "$OUT/bench.log" 2>&1
-grep -E "skipped|Error|error" "$OUT/bench.log" | head -8
-tail -n 6 "$OUT/bench.log"
-echo "decode bench done at $(( $(date +%s) - t0 )) s"
+if [ "${BENCH:-1}" != 0 ]; then
+  timeout "${BENCH_TIMEOUT:-240}" python3 bench/decode.py ${BENCH_ARGS} > "$OUT/bench.log" 2>&1
+  grep -E "skipped|Error|error" "$OUT/bench.log" | head -8
+  tail -n 6 "$OUT/bench.log" | grep -v '^{'
+  echo "decode bench done at $(( $(date +%s) - t0 )) s"
+fi
 if [ -n "$EDITOR" ]; then
   if [ "${PREFILL:-1}" != 0 ]; then
     timeout 120 python3 bench/prefill.py > "$OUT/prefill.log" 2>&1; tail -n 9 "$OUT/prefill.log" | grep -v '^{'

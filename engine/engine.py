@@ -4,6 +4,7 @@ Not thread-safe: exactly one thread (engine.worker.EngineWorker) calls it.
 """
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -97,6 +98,9 @@ class Engine:
                  tp: int = 1, tp_mode: str = "exact", name: str = ""):
         if tp_mode not in ("exact", "delayed"):
             raise ValueError(f"tp_mode must be 'exact' or 'delayed', not {tp_mode!r}")
+        from .lanes import check_tp_mode
+        lanes = getattr(model, "lane_config", None)
+        check_tp_mode(getattr(model, "checkpoint_kind", "dense"), tp_mode, tp, getattr(lanes, "num_lanes", None))
         self.model = model
         self.config: ModelConfig = model.cfg
         self.tokenizer = tokenizer
@@ -133,14 +137,21 @@ class Engine:
                 raise ValueError("threads must be >= 1")
             torch.set_num_threads(threads)
         d = resolve_model_dir(model)
-        _check_checkpoint_kind(d, tp, tp_mode)
+        kind = _check_checkpoint_kind(d, tp, tp_mode)
         dev = _resolve_device(device)
         dt = _resolve_dtype(dtype, dev)
-        cfg = ModelConfig.from_json(d)
-        tok = Tokenizer.from_dir(d, eos_ids=cfg.eos_token_ids)
-        m = load_model(d, device=dev, dtype=dt, max_len=max_seq_len, config=cfg)
-        return cls(m, tok, kv_slots=kv_slots, backend=backend, tp=tp, tp_mode=tp_mode,
-                   name="default" if str(model) == "default" else str(d))
+        name = "default" if str(model) == "default" else str(d)
+        if kind == "lane":
+            # A Laneformer lane checkpoint: the lane reference model behind the engine's model interface
+            # (engine/lanes/serving.py); its tokenizer files are read like any checkpoint's.
+            from .lanes.serving import load_lane_serving
+            m = load_lane_serving(d, device=dev, dtype=dt, max_len=max_seq_len, name=name)
+            tok = Tokenizer.from_dir(d, eos_ids=m.cfg.eos_token_ids)
+        else:
+            cfg = ModelConfig.from_json(d)
+            tok = Tokenizer.from_dir(d, eos_ids=cfg.eos_token_ids)
+            m = load_model(d, device=dev, dtype=dt, max_len=max_seq_len, config=cfg)
+        return cls(m, tok, kv_slots=kv_slots, backend=backend, tp=tp, tp_mode=tp_mode, name=name)
 
     # ---- helpers ----
     def _check_ids(self, ids: Iterable[int]) -> list[int]:
@@ -425,19 +436,19 @@ class Engine:
         return dict(bs) if isinstance(bs, dict) else {}
 
 
-def _check_checkpoint_kind(model_dir: Path, tp: int, tp_mode: str) -> None:
-    """Ordinary checkpoints run in tp_mode 'exact' only; Laneformer (delayed-TP-trained) checkpoints only in
-    'delayed' (engine/lanes decides which is which and words the refusal)."""
+def _check_checkpoint_kind(model_dir: Path, tp: int, tp_mode: str) -> str:
+    """'dense' or 'lane'. Ordinary checkpoints run in tp_mode 'exact' only; Laneformer (delayed-TP-trained)
+    checkpoints only in 'delayed', on tp=1 (every lane simulated by the reference) or tp = their lane count
+    (engine/lanes decides which is which and words the refusal)."""
     if tp_mode not in ("exact", "delayed"):
         raise ValueError(f"tp_mode must be 'exact' or 'delayed', not {tp_mode!r}")
     if not (model_dir / "config.json").exists():
-        return   # ModelConfig.from_json reports it
+        return "dense"   # ModelConfig.from_json reports it
     from .lanes import check_tp_mode, checkpoint_kind
-    kind = checkpoint_kind(model_dir)
-    check_tp_mode(kind, tp_mode, tp)
-    if kind == "lane":
-        raise ValueError("lane (delayed-TP) checkpoints have a reference model (engine.lanes.LaneModel) but no "
-                         "serving backend in this engine yet")
+    d = json.loads((model_dir / "config.json").read_text())
+    kind = checkpoint_kind(d)
+    check_tp_mode(kind, tp_mode, tp, d.get("num_lanes") if kind == "lane" else None)
+    return kind
 
 
 def _held_back(text: str, stop_strings) -> int:

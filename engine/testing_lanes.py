@@ -71,16 +71,47 @@ def _is_column(key: str) -> bool:
     return key.endswith(("wo.weight", "w2.weight"))
 
 
-def make_tiny_lane_checkpoint(dir: str | Path, lanes: int = 2, seed: int = 0,
-                              dtype: torch.dtype = torch.float32, **overrides) -> Path:
-    """Write config.json + model.safetensors of a tiny random lane model into `dir`; return it.
-    `overrides` are config.json keys (e.g. broadcast_delay=2, lm_head_type="vocab_parallel")."""
+def tokenizer_files(vocab_size: int = 256) -> tuple[str, dict, dict[str, int]]:
+    """(tokenizer.json text, tokenizer_config.json dict, special token ids) of a tiny byte-level BPE tokenizer
+    (engine/testing.py's, Llama-style specials) so that Engine.load can serve a lane checkpoint with prompts."""
+    from .testing import _tokenizer_json
+    tj = _tokenizer_json("llama", vocab_size)
+    d = json.loads(tj)
+    ids = {t["content"]: t["id"] for t in d["added_tokens"]}
+    ids["<n_tok>"] = max(max(d["model"]["vocab"].values()), max(ids.values())) + 1
+    tc = {"eos_token": "<|endoftext|>", "bos_token": "<|begin_of_text|>", "add_bos_token": True}
+    return tj, tc, ids
+
+
+def write_lane_checkpoint(dir: str | Path, config: dict[str, Any], weights: dict[str, torch.Tensor],
+                          tokenizer: bool = False) -> Path:
+    """config.json + model.safetensors (+ tokenizer files when `tokenizer`; config's vocab_size must cover them)."""
     from safetensors.torch import save_file
     path = Path(dir)
     path.mkdir(parents=True, exist_ok=True)
+    if tokenizer:
+        tj, tc, ids = tokenizer_files()
+        if config["vocab_size"] < ids["<n_tok>"]:
+            raise ValueError(f"vocab_size {config['vocab_size']} < tokenizer size {ids['<n_tok>']}")
+        (path / "tokenizer.json").write_text(tj)
+        (path / "tokenizer_config.json").write_text(json.dumps(tc, indent=2))
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(path / "model.safetensors"),
+              metadata={"format": "pt"})
+    return path
+
+
+def make_tiny_lane_checkpoint(dir: str | Path, lanes: int = 2, seed: int = 0,
+                              dtype: torch.dtype = torch.float32, tokenizer: bool = False, **overrides) -> Path:
+    """Write config.json + model.safetensors of a tiny random lane model into `dir`; return it.
+    `overrides` are config.json keys (e.g. broadcast_delay=2, lm_head_type="vocab_parallel").
+    tokenizer: also write a tiny tokenizer (vocab_size, bos / eos ids follow it unless overridden)."""
+    if tokenizer:
+        _, _, ids = tokenizer_files()
+        overrides.setdefault("vocab_size", -(-ids["<n_tok>"] // lanes) * lanes)   # a vocab_parallel head needs L | V
+        overrides.setdefault("eos_token_id", ids["<|endoftext|>"])
+        overrides.setdefault("bos_token_id", ids["<|begin_of_text|>"])
     d = tiny_lane_config(lanes, **overrides)
     cfg = LaneConfig.from_dict(d)
     weights = random_lane_weights(cfg, seed=seed, dtype=dtype)
-    (path / "config.json").write_text(json.dumps(d, indent=2))
-    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
-    return path
+    return write_lane_checkpoint(dir, d, weights, tokenizer=tokenizer)

@@ -146,6 +146,30 @@ def lane_plan(cfg, n_ranks: int, max_len: int | None = None) -> LanePlan:
                     vocab=vocab, head_type=cfg.lm_head_type)
 
 
+def lane_key_perm(hd: int) -> torch.Tensor:
+    """Head-dimension order of the kernel's keys / query rows: even dims first, then odd. The lane model rotates
+    adjacent RoPE pairs (2k, 2k + 1), the kernel rotates halves (k, k + hd/2); permuting every head's q and k rows
+    alike leaves every q.k product unchanged."""
+    return torch.cat([torch.arange(0, hd, 2), torch.arange(1, hd, 2)])
+
+
+def lane_keys_to_kernel(k: torch.Tensor) -> torch.Tensor:
+    """Rotated keys [..., hd] of the lane model (adjacent pairs) -> the kernel's half-rotation layout."""
+    return k[..., lane_key_perm(k.shape[-1]).to(k.device)]
+
+
+def lane_keys_from_kernel(k: torch.Tensor) -> torch.Tensor:
+    """Inverse of lane_keys_to_kernel."""
+    return k[..., torch.argsort(lane_key_perm(k.shape[-1])).to(k.device)]
+
+
+def lane_kv_bounds(cfg, n_ranks: int) -> list[tuple[int, int]]:
+    """The one sharding rule of a lane model's KV cache: the full cache holds all lanes' KV heads lane-major
+    (global KV head l * kv_heads_per_lane + j), and rank r (= lane r) holds heads [r * kl, (r + 1) * kl)."""
+    kl = cfg.kv_heads_per_lane
+    return [(r * kl, (r + 1) * kl) for r in range(n_ranks)]
+
+
 def lane_model_cfg(cfg, plan: LanePlan, rank: int) -> ModelConfig:
     """Rank `rank`'s local ModelConfig (a Llama-shaped lane: its heads, FFN channels and LM-head rows)."""
     s = cfg.rope_scaling
@@ -164,7 +188,7 @@ def lane_rank_model(cfg, weights, plan: LanePlan, rank: int, device=None, dtype=
     from engine.lanes.model import norm_key
     dev = torch.device(device) if device is not None else weights["model.tok_embeddings.weight"].device
     hd = cfg.head_dim
-    perm = torch.cat([torch.arange(0, hd, 2), torch.arange(1, hd, 2)])
+    perm = lane_key_perm(hd)
 
     def t(x):
         return x.to(device=dev, dtype=dtype or x.dtype).contiguous()
@@ -201,10 +225,9 @@ def lane_cache(ref_cache, cfg, rank: int, max_len: int, slots: int = 1, slot: in
                device="cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Rank `rank`'s kernel KV caches [slots, n_layers, kv heads per lane, max_len, hd] holding a reference
     LaneKVCache's keys / values (engine/lanes/model.py) in slot `slot`: keys permuted to the kernel's half-rotation
-    layout (lane_rank_model), other positions NaN so a read of an unwritten position shows."""
-    hd = cfg.head_dim
-    perm = torch.cat([torch.arange(0, hd, 2), torch.arange(1, hd, 2)])
-    shape = (slots, cfg.num_layers, cfg.kv_heads_per_lane, max_len, hd)
+    layout (lane_keys_to_kernel), other positions NaN so a read of an unwritten position shows. The engine's full
+    cache (engine/lanes/serving.py) is these parts concatenated over ranks on the head axis (lane_kv_bounds)."""
+    shape = (slots, cfg.num_layers, cfg.kv_heads_per_lane, max_len, cfg.head_dim)
     k = torch.full(shape, float("nan"), dtype=dtype, device=device)
     v = torch.full(shape, float("nan"), dtype=dtype, device=device)
     for i in range(cfg.num_layers):
@@ -212,6 +235,6 @@ def lane_cache(ref_cache, cfg, rank: int, max_len: int, slots: int = 1, slot: in
         if t0 != 0:
             raise ValueError(f"layer {i}'s reference cache starts at position {t0} (sliding window trimmed it)")
         T = ref_cache.k[i].shape[2]
-        k[slot, i, :, :T] = ref_cache.k[i][rank][..., perm.to(ref_cache.k[i].device)].to(dtype)
+        k[slot, i, :, :T] = lane_keys_to_kernel(ref_cache.k[i][rank]).to(dtype)
         v[slot, i, :, :T] = ref_cache.v[i][rank].to(dtype)
     return k, v

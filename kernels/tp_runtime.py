@@ -36,7 +36,7 @@ import torch
 
 from . import isa, schedule
 from .runtime import Monokernel, _check, _keeps_device, load_library
-from .tp_local import kernel_plan, lane_plan, lane_rank_model, rank_model
+from .tp_local import kernel_plan, lane_kv_bounds, lane_plan, lane_rank_model, rank_model
 
 log = logging.getLogger("kernels")
 
@@ -173,8 +173,7 @@ class TPMonokernel:
         self.plan = None
         self.vocab_parallel = True
         self.vocab_off = [v0 for v0, _ in self.lanes.vocab]
-        kl = cfg.kv_heads_per_lane
-        self.kv_bounds = [(r * kl, (r + 1) * kl) for r in range(N)]
+        self.kv_bounds = lane_kv_bounds(cfg, N)
         self.models = [lane_rank_model(cfg, model.w, self.lanes, r, device=self.devices[r]) for r in range(N)]
         scheds = schedule.with_lanes([schedule.build(schedule.Dims.of(m.cfg), self.n_sm) for m in self.models])
         self._lane_ctr = schedule.lane_counters(scheds)

@@ -2,6 +2,8 @@
 
 tp > 1 (or tp_mode "delayed") resolves "monokernel" to the tensor-parallel monokernel (tp_monokernel.py, one
 persistent kernel per GPU); no other backend supports tp, so such a request either gets it or fails loudly.
+A lane model (engine/lanes/serving.py) runs on that backend in delayed mode with tp = its lanes, or at tp=1 on the
+reference backend (its forward simulates every lane); the graph backend refuses it.
 
 Every backend class is built as `Cls(model, cache, tp=..., tp_mode=...)`, may raise BackendUnavailable (or any
 exception) while building or in `warmup()`; the selector then falls back to the next one and keeps the reason.
@@ -36,11 +38,19 @@ def _load_class(name: str, tp: int = 1, tp_mode: str = "exact"):
     raise ValueError(f"unknown backend {name!r} (known: auto, {', '.join(ORDER)})")
 
 
+def _is_lane(model) -> bool:
+    """A Laneformer lane model (engine/lanes/serving.py LaneServingModel): served by the reference backend at
+    tp=1 (all lanes simulated) or the tensor-parallel monokernel in delayed mode (one GPU per lane)."""
+    return getattr(model, "checkpoint_kind", "dense") == "lane"
+
+
 def _precheck(name: str, model) -> str | None:
     """Reason why `name` cannot run here, or None."""
     dev = model.device
     if name == "reference":
         return None
+    if name == "graph" and _is_lane(model):
+        return "graph runs ordinary checkpoints only (a lane model has no CUDA-graph decode step)"
     if dev.type != "cuda":
         return f"{name} needs CUDA (device is {dev.type})"
     if name == "monokernel":
@@ -97,7 +107,10 @@ def select_backend(requested: str, model, cache, tp: int = 1, tp_mode: str = "ex
                 ok, r = False, f"supported() raised {type(e).__name__}: {e}"
             if not ok:
                 why = f"{name} unsupported: {r}"
-        if why is None:
+        # The reference backend runs whatever model.forward computes: for a lane model at tp=1 that is every lane
+        # simulated on one device, which is what tp_mode 'delayed' means there.
+        lane_reference = name == "reference" and tp == 1 and _is_lane(model)
+        if why is None and not lane_reference:
             if (tp != 1 or tp_mode != "exact") and not getattr(cls, "supports_tp", False):
                 why = f"{name} does not support tp={tp} tp_mode={tp_mode}"
         if why is None:

@@ -11,9 +11,11 @@ and scoring read and write, as with every other backend. Each rank decodes from 
 Prefill runs on the first GPU as in MonokernelBackend (PrefillGraphs); decode, decode_loop, cancellation and
 streaming are MonokernelBackend's, around the launch hooks.
 
-tp_mode "delayed" (Laneformer lane checkpoints only): refused, saying why. A mode / checkpoint mismatch or a kernel
-without a `mode` keyword gives that reason; with both right it is the engine side that is missing (the delayed
-kernel runs an engine.lanes.LaneModel, whose prefill and lane-major KV cache the engine does not have).
+tp_mode "delayed" (Laneformer lane checkpoints only, engine/lanes/serving.py LaneServingModel): GPU l runs lane l
+(TPMonokernel(mode="delayed") on the LaneModel). The engine's KVCache holds all lanes' KV heads lane-major with keys
+in the kernel's layout (what load_cache reads), so the same KVMirror copies rank r's heads (tp_local.lane_kv_bounds)
+in and the decoded positions back; prefill is the lane reference forward on the first GPU (LanePrefill, eager).
+A mode / checkpoint mismatch, a lane count other than tp, or a kernel without a `mode` keyword is refused, saying why.
 """
 from __future__ import annotations
 
@@ -107,6 +109,18 @@ def rank_devices(device, tp: int, n_gpus: int) -> list[torch.device]:
     return [torch.device("cuda", (first + r) % n_gpus) for r in range(tp)]
 
 
+def lane_rank_config(cfg):
+    """The Llama-shaped config each GPU runs for a lane model (engine/lanes/serving.py LaneServingConfig), for the
+    single-GPU shape checks (MonokernelBackend.supported); None for an ordinary config."""
+    lanes = getattr(cfg, "lanes", None)
+    if lanes is None:
+        return None
+    from engine.config import ModelConfig
+    return ModelConfig(arch="llama", vocab_size=cfg.vocab_size, hidden_size=lanes.hidden_size,
+                       n_layers=lanes.num_layers, n_heads=lanes.heads_per_lane, n_kv_heads=lanes.kv_heads_per_lane,
+                       intermediate_size=lanes.ffn_per_lane, head_dim=lanes.head_dim, name=cfg.name)
+
+
 def kernel_mode_kwargs(model, tp: int, tp_mode: str, tp_kernel_cls) -> dict:
     """TPMonokernel keywords for tp_mode. exact: none (the kernel's default). delayed: mode="delayed", only for a
     lane model (an engine.lanes.LaneModel, or a model marked `checkpoint_kind == "lane"` with its `lane_config`)
@@ -133,32 +147,38 @@ class TPMonokernelBackend(MonokernelBackend):
     name = "monokernel"        # what --backend asks for; describe() and stats() say tp
     supports_tp = True
 
+    @staticmethod
+    def supported(config, device) -> tuple[bool, str]:
+        """MonokernelBackend's checks; for a lane model on the shape every GPU runs (one lane)."""
+        lane = lane_rank_config(config)
+        return MonokernelBackend.supported(lane if lane is not None else config, device)
+
     def __init__(self, model, cache, tp: int = 2, tp_mode: str = "exact", max_steps: int = 4096):
         Backend.__init__(self, model, cache, tp, tp_mode)
         if tp < 2 and tp_mode == "exact":
             raise BackendUnavailable("the tensor-parallel monokernel needs tp >= 2 (tp=1 is MonokernelBackend)")
         from kernels.tp_runtime import TPMonokernel, TPUnavailableError
         mode_kw = kernel_mode_kwargs(model, tp, tp_mode, TPMonokernel)
-        if mode_kw.get("mode") == "delayed":
-            # The delayed kernel runs an engine.lanes.LaneModel (lane-major KV heads, half-rotation keys); the
-            # engine's prefill (PrefillGraphs / Model.forward) and KVCache hold ordinary models only.
-            raise BackendUnavailable("tp_mode='delayed': the kernel has a delayed mode, but the engine cannot yet "
-                                     "prefill a lane model or hold its lane-major KV cache, so it cannot serve it")
+        delayed = mode_kw.get("mode") == "delayed"
         ok, why = self.supported(model.cfg, model.device)
         if not ok:
             raise BackendUnavailable(why)
         if cache.k.dtype != torch.bfloat16:
             raise BackendUnavailable(f"monokernel needs a bf16 KV cache (got {cache.k.dtype})")
         from engine.tp.shard import ShardError
-        from kernels.tp_local import kernel_plan
-        try:
-            kernel_plan(model.cfg, tp)          # cheap shape check before any GPU memory is touched
+        from kernels.tp_local import kernel_plan, lane_plan
+        try:   # cheap shape checks before any GPU memory is touched
+            if delayed:
+                lane_plan(model.lane_config, tp, max_len=cache.max_len)
+            else:
+                kernel_plan(model.cfg, tp)
         except ShardError as e:
             raise BackendUnavailable(f"tp={tp}: {e}") from e
         devices = rank_devices(model.device, tp, torch.cuda.device_count())
         try:
-            kernel = TPMonokernel(model, devices, max_len=cache.max_len, slots=cache.n_slots, max_steps=max_steps,
-                                  vocab_parallel=True, **mode_kw)
+            # delayed: the kernel takes the LaneModel itself (its weights in the published lane layout)
+            kernel = TPMonokernel(model.lane if delayed else model, devices, max_len=cache.max_len,
+                                  slots=cache.n_slots, max_steps=max_steps, vocab_parallel=True, **mode_kw)
         except TPUnavailableError as e:
             raise BackendUnavailable(str(e)) from e
         self._attach(kernel)
@@ -166,10 +186,12 @@ class TPMonokernelBackend(MonokernelBackend):
 
     def _attach(self, kernel) -> None:
         """Everything around a built kernel (TPMonokernel's interface: plan, devices, k_caches / v_caches, launch,
-        count, token, done, cancel, wait, kernel_finished, exchange_wait_us, n_steps, max_steps)."""
+        count, token, done, cancel, wait, kernel_finished, exchange_wait_us, n_steps, max_steps; delayed mode:
+        lanes instead of plan)."""
         model, cache = self.model, self.cache
         self.mk = kernel
-        # kv_bounds: rank r's heads of the full cache (plan.ranks[r].kv_heads, the rule of tp_local.shard_cache)
+        # kv_bounds: rank r's heads of the full cache (exact: plan.ranks[r].kv_heads, the rule of
+        # tp_local.shard_cache; delayed: tp_local.lane_kv_bounds)
         bounds = getattr(kernel, "kv_bounds", None) or [s.kv_heads for s in kernel.plan.ranks]
         self.mirror = KVMirror(bounds, cache.k, cache.v, kernel.k_caches, kernel.v_caches, cache.slots)
         self._logits = torch.empty(1, model.cfg.vocab_size, dtype=torch.float32, device=kernel.devices[0])
@@ -179,7 +201,15 @@ class TPMonokernelBackend(MonokernelBackend):
                       "kv_to_ranks_positions": 0, "kv_from_ranks_positions": 0,
                       "kv_copy_host_ms": 0.0}   # host time issuing the K/V copies (they run async)
         self._xw_sum, self._xw_steps = 0.0, 0     # per-token exchange wait summed over launches, for the mean
-        self.prefill_graphs = PrefillGraphs(model, cache)
+        lanes = getattr(kernel, "lanes", None)
+        if lanes is not None:
+            # A lane model: its reference forward prefills into the lane-major cache (no CUDA graphs for it).
+            from engine.lanes.serving import LanePrefill
+            self.stats["lanes"] = lanes.describe()
+            self.prefill_graphs = LanePrefill(model, cache)
+            log.info("tp monokernel delayed: prefill runs the lane reference model eagerly on %s", model.device)
+        else:
+            self.prefill_graphs = PrefillGraphs(model, cache)
 
     def warmup(self) -> None:
         super().warmup()

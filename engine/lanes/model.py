@@ -76,12 +76,17 @@ class LaneKVCache:
 class LaneModel:
     """Plain-torch lane reference. `weights` uses the published key layout (spec §2)."""
 
-    def __init__(self, cfg: LaneConfig, weights: Mapping[str, torch.Tensor], dtype=None):
+    def __init__(self, cfg: LaneConfig, weights: Mapping[str, torch.Tensor], dtype=None, compute_dtype=None):
+        """dtype: the weights' dtype (default: the embedding's). compute_dtype: the activations' (residual
+        streams, partials, K/V; default = dtype). A serving engine keeps bf16 weights for its kernel and computes
+        its prefill in fp32 (engine/lanes/serving.py), as engine.model.Model keeps an fp32 residual stream; weights
+        are then cast per use, one matrix at a time."""
         self.cfg = cfg
         emb = weights["model.tok_embeddings.weight"]
-        self.dtype = dtype or emb.dtype
+        self.weight_dtype = dtype or emb.dtype
+        self.dtype = compute_dtype or self.weight_dtype
         self.device = emb.device
-        self.w = {k: v.to(self.dtype) for k, v in weights.items()}
+        self.w = {k: v.to(self.weight_dtype) for k, v in weights.items()}
         self.freqs = rope_frequencies(cfg).to(self.device)          # fp32 [hd/2]
 
     def new_cache(self) -> LaneKVCache:
@@ -107,7 +112,7 @@ class LaneModel:
     @staticmethod
     def _lane_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """x [B, S, L, in], w [L, out, in] -> [B, S, L, out]."""
-        return torch.einsum("bsli,loi->bslo", x, w)
+        return torch.einsum("bsli,loi->bslo", x, w.to(x.dtype))
 
     def _attention(self, i: int, a: torch.Tensor, pos: torch.Tensor, cache: LaneKVCache | None):
         """a [B, S, L, D] normed input; pos [S]. Returns the lane partials [B, S, L, D]."""
@@ -178,7 +183,7 @@ class LaneModel:
         L, N, delay = cfg.num_lanes, cfg.num_layers, cfg.broadcast_delay
         past_len = cache.length if cache is not None else 0
         pos = torch.arange(past_len, past_len + S, device=self.device)
-        e = w["model.tok_embeddings.weight"][ids]                            # [B, S, D]
+        e = w["model.tok_embeddings.weight"][ids].to(self.dtype)             # [B, S, D]
         x = e[:, :, None, :].expand(B, S, L, cfg.hidden_size).contiguous()
         queue_attn: list[torch.Tensor | None] = []
         queue_mlp: list[torch.Tensor | None] = []
@@ -210,14 +215,14 @@ class LaneModel:
         cfg, w = self.cfg, self.w
         g = w[norm_key(cfg, "model.norm", final=True)]
         if cfg.pre_norm_lane_agg:
-            return self._norm(x.sum(dim=-2), g) @ self._replicate_head().T
+            return self._norm(x.sum(dim=-2), g) @ self._replicate_head().T.to(self.dtype)
         n = self._norm(x, g)                                                 # [B, S, L, D]
         if cfg.lm_head_type == "replicate":
-            return n.mean(dim=-2) @ self._replicate_head().T
+            return n.mean(dim=-2) @ self._replicate_head().T.to(self.dtype)
         if cfg.lm_head_type == "lane":
-            return n.flatten(-2) @ w["lm_head.linear.weight"].T
+            return n.flatten(-2) @ w["lm_head.linear.weight"].T.to(self.dtype)
         # vocab_parallel: lane l computes its own V/L slice from its own stream
-        return torch.einsum("bsld,lvd->bslv", n, w["lm_head.weight"]).flatten(-2)
+        return torch.einsum("bsld,lvd->bslv", n, w["lm_head.weight"].to(self.dtype)).flatten(-2)
 
     def _replicate_head(self) -> torch.Tensor:
         if "lm_head.weight" in self.w:

@@ -80,18 +80,15 @@ def test_kernel_mode_kwargs_exact_delayed_and_mismatches():
     assert kernel_mode_kwargs(lane, 2, "delayed", _WithModes) == {"mode": "delayed"}
 
 
-def test_lane_model_is_recognised_and_delayed_is_refused_with_the_reason(monkeypatch):
+def test_lane_model_is_recognised_and_a_kernel_without_modes_is_refused(monkeypatch):
+    # (serving a lane model in delayed mode: tests/engine/test_lane_serving.py)
     from engine.lanes import LaneModel
     lane_model = LaneModel.__new__(LaneModel)
     lane_model.cfg = SimpleNamespace(num_lanes=2)
     assert kernel_mode_kwargs(lane_model, 2, "delayed", _WithModes) == {"mode": "delayed"}
     with pytest.raises(TPModeError, match="Use tp_mode='delayed'"):
         kernel_mode_kwargs(lane_model, 2, "exact", _WithModes)
-    # the backend itself: the engine side of delayed mode is missing, and it says so before touching a GPU
     import kernels.tp_runtime as tpr
-    monkeypatch.setattr(tpr, "TPMonokernel", _WithModes)
-    with pytest.raises(BackendUnavailable, match="cannot yet prefill a lane model"):
-        TPMonokernelBackend(lane_model, SimpleNamespace(), tp=2, tp_mode="delayed")
     monkeypatch.setattr(tpr, "TPMonokernel", _ExactOnly)
     with pytest.raises(BackendUnavailable, match="exact mode only"):
         TPMonokernelBackend(lane_model, SimpleNamespace(), tp=2, tp_mode="delayed")

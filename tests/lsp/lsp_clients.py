@@ -46,8 +46,10 @@ NEOVIM_07 = types.ClientCapabilities(
 
 
 async def start_client(model: str, capabilities: types.ClientCapabilities, init_options=None,
-                       encodings=None) -> LanguageClient:
-    client = await ClientServerConfig(server_command=server_command(model), server_env=server_env()).start()
+                       encodings=None, extra_args=()) -> LanguageClient:
+    """extra_args: more kog-lsp arguments (after --device cpu, so a later --device wins)."""
+    client = await ClientServerConfig(server_command=server_command(model, *extra_args),
+                                      server_env=server_env()).start()
     client.statuses = []
     client.feature("kog/status")(lambda params: client.statuses.append(params))
     # Review diagnostics share the engine worker; this room's tests measure completions alone
