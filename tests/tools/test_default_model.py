@@ -31,7 +31,10 @@ def test_metrics_and_manifest_are_recorded():
     for key in ("fim_line_exact_match", "next_line_exact_match", "samples"):
         assert key in ev
     assert ev["perplexity"]["perplexity"] > 1.0 and ev["samples"] >= 100
-    assert m["cpu_decode"]["decode_tok_s"] > 0 and m["cpu_decode"]["threads"] == 2
+    # Recorded as kog-lsp runs it on the 2-core machine (engine_threads: 1 thread there), against the 100 tok/s aim.
+    from kog_lsp.cli import engine_threads
+    assert m["cpu_decode"]["threads"] == engine_threads(None, cpu_count=2)
+    assert m["cpu_decode"]["decode_tok_s"] >= 100 and len(m["cpu_decode"]["attempts"]) >= 3
     assert m["train"]["tokens_trained"] > 0 and m["train"]["final_loss"] > 0
     man = json.loads((MODEL_DIR / "corpus_manifest.json").read_text())
     used = [p for p in man["packages"] if p["used"] and p["bytes"] > 0]
