@@ -180,3 +180,33 @@ def make_tiny_checkpoint(dir, arch: str = "qwen2", seed: int = 0, shards: int = 
         (d / "model.safetensors.index.json").write_text(
             json.dumps({"metadata": {"total_size": total}, "weight_map": wm}, indent=2))
     return d
+
+
+class FakeTokenStream:
+    """The host-polling half of a stand-in for a monokernel in CPU tests of the backends: a launch fills
+    `tokens` at once (and resets `shown`, `cancelled`); count() then reveals one more token per poll, as tokens
+    arrive from a running kernel; cancel() freezes what was shown; wait() returns at once."""
+
+    tokens: list[int] = []
+    shown = 0
+    cancelled = False
+
+    def count(self) -> int:
+        if not self.cancelled:
+            self.shown = min(self.shown + 1, len(self.tokens))
+        return self.shown
+
+    def token(self, i: int) -> int:
+        return self.tokens[i]
+
+    def done(self) -> bool:
+        return self.cancelled or self.shown >= len(self.tokens)
+
+    def kernel_finished(self) -> bool:
+        return True
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        return None

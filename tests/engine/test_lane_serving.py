@@ -21,6 +21,7 @@ from engine.backends.tp_monokernel import TPMonokernelBackend, lane_rank_config
 from engine.kv_cache import KVCache
 from engine.lanes import TPModeError, load_lane_checkpoint
 from engine.lanes.serving import LaneServingModel, is_lane_model, load_lane_serving
+from engine.testing import FakeTokenStream
 from engine.testing_lanes import make_tiny_lane_checkpoint
 from kernels.tp_local import lane_cache, lane_keys_from_kernel, lane_keys_to_kernel, lane_kv_bounds, lane_plan
 
@@ -124,7 +125,7 @@ def test_engine_tp1_delayed_greedy_and_scores_equal_lane_model(lane_dirs, case):
 
 
 # ---- the tensor-parallel backend in delayed mode, with a CPU stand-in for the kernel ----
-class FakeLaneKernel:
+class FakeLaneKernel(FakeTokenStream):
     """TPMonokernel(mode='delayed')'s host interface on CPU. A launch first checks that each rank's cache holds, on
     [0, pos), what the lane reference computes for the slot's tokens (lane_cache of its LaneKVCache, rank r's
     part): what the real kernels would read. It then decodes greedily with the lane reference itself, reading the
@@ -176,26 +177,6 @@ class FakeLaneKernel:
                 logits_out[i].copy_(logits)
             if token in stop_ids:
                 break
-
-    def count(self):
-        if not self.cancelled:
-            self.shown = min(self.shown + 1, len(self.tokens))
-        return self.shown
-
-    def token(self, i):
-        return self.tokens[i]
-
-    def done(self):
-        return self.cancelled or self.shown >= len(self.tokens)
-
-    def kernel_finished(self):
-        return True
-
-    def cancel(self):
-        self.cancelled = True
-
-    def wait(self, timeout_s=None):
-        pass
 
     def exchange_wait_us(self):
         return {"mean_us": 0.5, "max_us": 1.5, "per_rank_mean_us": [0.5, 0.5]}

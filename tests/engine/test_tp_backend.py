@@ -20,6 +20,7 @@ from engine.backends.tp_monokernel import KVMirror, TPMonokernelBackend, kernel_
 from engine.kv_cache import KVCache
 from engine.lanes import TPModeError
 from engine.model import Model
+from engine.testing import FakeTokenStream
 from engine.tp import make_plan
 from kernels.testing import tiny_cfg
 from kernels.tp_local import kernel_plan, shard_cache
@@ -180,7 +181,7 @@ def next_token(token: int, V: int) -> int:
     return (token * 7 + 3) % V
 
 
-class FakeTPKernel:
+class FakeTPKernel(FakeTokenStream):
     """TPMonokernel's host interface on CPU. A launch first checks that every rank's cache equals the engine's
     full cache (its heads) on [0, pos): what the real kernels would read. It then 'runs' every step at once,
     writing each fed token's K/V into the ranks' caches (and, like a real kernel, one position past what the host
@@ -226,23 +227,6 @@ class FakeTPKernel:
                 logits_out[i, token] = 1.0
             if token in stop_ids:
                 break
-
-    def count(self):
-        if not self.cancelled:
-            self.shown = min(self.shown + 1, len(self.tokens))
-        return self.shown
-
-    def token(self, i):
-        return self.tokens[i]
-
-    def done(self):
-        return self.cancelled or self.shown >= len(self.tokens)
-
-    def kernel_finished(self):
-        return True
-
-    def cancel(self):
-        self.cancelled = True
 
     def wait(self, timeout_s=None):
         if self.fail_wait:
