@@ -39,6 +39,46 @@ def backend_class(tp: int, tp_mode: str):
     return TPMonokernelBackend
 
 
+class _LaunchClock:
+    """Host-side timing of one token-loop launch, averaged into the backend's stats over all launches: what the
+    host spends starting it (`launch_host_us`: parameters, K/V hooks, the launch call), launch to first token
+    seen (`first_token_us`: kernel start + its first step + polling), the mean gap between later tokens
+    (`token_interval_us`: the kernel's step time as the host sees it) and last token to the launch's end
+    (`finish_us`: cancel, wait, K/V hooks). The editor-loop bench reads them to split decode time."""
+
+    def __init__(self):
+        self.t0 = time.perf_counter()
+        self.t_launched = self.t_first = self.t_last = None
+        self.n = 0
+
+    def launched(self) -> None:
+        self.t_launched = time.perf_counter()
+
+    def token(self) -> None:
+        t = time.perf_counter()
+        if self.t_first is None:
+            self.t_first = t
+        self.t_last, self.n = t, self.n + 1
+
+    def finished(self, sums: dict, stats: dict) -> None:
+        """sums: {key: [total us, count]} kept by the backend across launches; stats gets the means."""
+        if self.t_launched is None:
+            return
+        end = time.perf_counter()
+
+        def add(key, us, n=1):
+            sums.setdefault(key, [0.0, 0])
+            sums[key][0] += us
+            sums[key][1] += n
+            stats[key] = round(sums[key][0] / sums[key][1], 1)
+        add("launch_host_us", (self.t_launched - self.t0) * 1e6)
+        if self.t_first is not None:
+            add("first_token_us", (self.t_first - self.t_launched) * 1e6)
+            if self.n > 1:
+                add("token_interval_us", (self.t_last - self.t_first) * 1e6, self.n - 1)
+            add("finish_us", (end - self.t_last) * 1e6)
+
+
 class MonokernelBackend(Backend):
     name = "monokernel"
     supports_tp = False
@@ -81,6 +121,7 @@ class MonokernelBackend(Backend):
         self.mk = Monokernel(model, cache.k, cache.v, max_steps=max_steps)
         self._logits = torch.empty(1, model.cfg.vocab_size, dtype=torch.float32, device=model.device)
         self.stats = {"launches": 0, "tokens": 0, "cancelled": 0}
+        self._clock_sums: dict[str, list] = {}     # _LaunchClock totals over all launches
         # Completion prefill replays CUDA graphs (eager launch overhead was ~20 ms on the 1.5B model).
         self.prefill_graphs = PrefillGraphs(model, cache)
         log.info("monokernel backend ready: %s", self.describe())
@@ -128,9 +169,11 @@ class MonokernelBackend(Backend):
             return
         seed = launch_seed(sampling, generator)
         mk = self.mk
+        clock = _LaunchClock()
         self._before_launch(slot, pos)
         mk.launch(slot, token, pos, n, temperature=sampling.temperature, top_p=sampling.top_p, seed=seed,
                   stop_ids=sorted(stop_ids))
+        clock.launched()
         self.stats["launches"] += 1
         got = 0
         spins = 0
@@ -142,6 +185,7 @@ class MonokernelBackend(Backend):
                         self.stats["cancelled"] += 1
                         return
                     tok = mk.token(got)
+                    clock.token()
                     got += 1
                     self.stats["tokens"] += 1
                     yield tok
@@ -164,3 +208,4 @@ class MonokernelBackend(Backend):
                 ok = True
             finally:
                 self._after_run(slot, pos, ok)
+                clock.finished(self._clock_sums, self.stats)

@@ -195,6 +195,7 @@ class TPMonokernelBackend(MonokernelBackend):
         bounds = getattr(kernel, "kv_bounds", None) or [s.kv_heads for s in kernel.plan.ranks]
         self.mirror = KVMirror(bounds, cache.k, cache.v, kernel.k_caches, kernel.v_caches, cache.slots)
         self._logits = torch.empty(1, model.cfg.vocab_size, dtype=torch.float32, device=kernel.devices[0])
+        self._clock_sums: dict[str, list] = {}     # _LaunchClock totals (monokernel.py)
         self.stats = {"launches": 0, "tokens": 0, "cancelled": 0, "tp": self.tp, "tp_mode": self.tp_mode,
                       "tp_devices": [str(d) for d in kernel.devices], "vocab_parallel": kernel.vocab_parallel,
                       "exchange_wait_us": None, "exchange_wait_max_us": None, "exchange_wait_mean_us": None,

@@ -269,6 +269,9 @@ def test_engine_decodes_through_the_ranks_and_copies_back(tp_engine):
     st = e.stats()["backend_stats"]
     assert st["tp"] == 2 and st["tp_mode"] == "exact" and st["exchange_wait_us"] == 2.0
     assert st["kv_to_ranks_positions"] == 20 and st["kv_from_ranks_positions"] == 8
+    # The launch clock (monokernel.py _LaunchClock): host launch cost, launch -> first token, token gaps, finish.
+    clock = {k: st[k] for k in ("launch_host_us", "first_token_us", "token_interval_us", "finish_us")}
+    assert all(v >= 0 for v in clock.values()) and b._clock_sums["token_interval_us"][1] == 7, clock
 
     # A request extending the first (prefix reuse after a TP decode): only the new positions go to the ranks.
     p2 = prompt + toks + [5, 6]
