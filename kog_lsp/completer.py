@@ -20,6 +20,7 @@ from kog_lsp.debounce import Debouncer, Superseded
 from kog_lsp.fim import build_prompt, stop_ids_for
 from kog_lsp.postprocess import Policy, make_stop_fn, postprocess
 from kog_lsp.suggest_cache import SuggestionCache
+from kog_lsp.token_cache import PromptTokenCache
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +69,7 @@ class Completer:
         self.settings = settings
         self.stats = stats
         self.cache = SuggestionCache()
+        self.prompt_tokens = PromptTokenCache()  # encodings of unchanged lines, per open document
         self.context = ContextBuilder()
         self.debouncer = Debouncer(settings.debounce_ms)
         self._jobs: dict[str, object] = {}  # uri -> newest engine job
@@ -83,6 +85,7 @@ class Completer:
         """The document closed: stop its work and drop its cached suggestions."""
         self._cancel_previous(uri)
         self.cache.forget(uri)
+        self.prompt_tokens.forget(uri)
 
     async def complete(self, req: Request, documents=(), root_uri: str | None = None) -> list[Candidate]:
         """Candidates for one request (possibly empty). Raises CancelledError when the request itself
@@ -120,7 +123,8 @@ class Completer:
                                     (rt.engine_stats or {}).get("max_seq_len") or DEFAULT_MAX_SEQ_LEN)
         context_ids = self.context.build(tok, documents, req.uri, ctx, root_uri)
         prompt = build_prompt(tok, req.text, req.cursor, prefix_tokens=pre, suffix_tokens=suf,
-                              context_ids=context_ids, path=display_path(req.uri, root_uri), starts=req.starts)
+                              context_ids=context_ids, path=display_path(req.uri, root_uri), starts=req.starts,
+                              token_cache=self.prompt_tokens, doc=req.uri)
         policy = Policy.decide(s.multiline, line_before, line_after)
         samplings = [rt.sampling(temperature=s.temperature, seed=None)]
         samplings += [rt.sampling(temperature=INVOKED_SAMPLE_TEMPERATURE, seed=i + 1)

@@ -18,6 +18,9 @@ finds the prefix end far better when the prefix comes last, engine/models/defaul
 which also keeps the suffix in the cached part of the prompt while typing.
 
 A tokenizer without FIM tokens gets a prefix-only prompt: [bos] + prefix window.
+
+Host time: the windows are re-encoded on every keystroke; with a token_cache.PromptTokenCache (the server's
+Completer passes one) only the lines that changed are, with identical ids.
 """
 
 from __future__ import annotations
@@ -119,13 +122,20 @@ def prompt_format(tokenizer) -> str:
 
 def build_prompt(tokenizer, text: str, cursor: int, *, prefix_tokens: int, suffix_tokens: int,
                  context_ids: list[int] | None = None, path: str | None = None,
-                 starts: list[int] | None = None) -> Prompt:
+                 starts: list[int] | None = None, token_cache=None, doc=None) -> Prompt:
     """The token ids for a completion at string offset `cursor` of `text`.
 
     `context_ids` are the already-encoded chunks of other open documents (context.py); they are only
     used with FIM tokenizers that have a file separator.
+    `token_cache` (token_cache.PromptTokenCache) with `doc` (the document's uri): reuse the encodings of
+    unchanged lines from earlier calls for the same document. The ids are identical either way; a
+    tokenizer for which that cannot be guaranteed always takes the uncached path.
     """
-    encode = safe_encode(tokenizer)
+    encode = encode_pre = encode_suf = safe_encode(tokenizer)
+    pieces = token_cache.pieces(tokenizer, encode, doc) if token_cache is not None else None
+    if pieces is not None:
+        encode_pre = pieces.encode
+        encode_suf = lambda t: pieces.encode(t, keep_first=False)  # noqa: E731  (starts at the cursor)
     # Only bounded windows are copied out of the document (it may be megabytes).
     if starts is not None:
         # Start the copied region at a stride-aligned line so relative line indices stay aligned too.
@@ -137,14 +147,14 @@ def build_prompt(tokenizer, text: str, cursor: int, *, prefix_tokens: int, suffi
         lo, window_starts = 0, None
     before = text[lo:cursor]
     after = text[cursor:cursor + suffix_tokens * CHARS_PER_TOKEN_GUESS + 1]
-    start, pre = prefix_window(encode, before, prefix_tokens, starts=window_starts)
+    start, pre = prefix_window(encode_pre, before, prefix_tokens, starts=window_starts)
     start += lo
     fim = tokenizer.fim
     if not has_fim(tokenizer):
         bos = getattr(tokenizer, "bos_id", None)
         ids = ([bos] if bos is not None else []) + pre
         return Prompt(ids, start, len(pre), 0, 0, False)
-    suf = suffix_window(encode, after, suffix_tokens)
+    suf = suffix_window(encode_suf, after, suffix_tokens)
     head: list[int] = []
     ctx = 0
     if context_ids and fim.file_sep is not None:

@@ -19,6 +19,8 @@ def stats_result(ls) -> dict:
     snap["queue"] = worker.pending() if worker is not None else 0  # engine jobs waiting: must not grow
     review = getattr(ls, "review", None)
     snap["review"] = dict(review.counters) if review is not None else None
+    completer = getattr(ls, "completer", None)
+    snap["promptTokenCache"] = completer.prompt_tokens.stats() if completer is not None else None
     return snap
 
 

@@ -69,6 +69,10 @@ async def test_inline_completion_automatic_and_invoked(client):
     s = await stats(client)
     assert s["generations"] >= before + 2 and s["completions"] >= 2 and s["latencyMs"]["count"] >= 2
     assert 0.0 <= s["prefixCacheHitRate"] <= 1.0 and s["tokPerS"] > 0
+    # The tiny test tokenizer uses GPT-2's pre-tokenizer regex, for which line pieces are not provably exact:
+    # the prompt token cache stays off and says why (tests/lsp/test_prompt_cache.py covers the enabled path).
+    ptc = s["promptTokenCache"]
+    assert not ptc["enabled"] and ptc["reason"] and ptc["fallbacks"] >= 2, ptc
 
 
 async def test_typing_into_ghost_text_is_served_from_cache(client):
