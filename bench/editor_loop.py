@@ -282,6 +282,7 @@ class _Row:
         self.latencies_ms, self.keystrokes, self.requests = [], 0, 0
         self.cancelled = self.superseded = self.empty = 0
         self.prefill_ms, self.decode_ms, self.gen_tokens = [], [], []  # of the timed (newest, answered) requests
+        self.prompt_ms = []   # engine mode: keystroke to prompt ids (context + build_prompt), every generation
 
 
 def build_engine(args):
@@ -311,6 +312,7 @@ def replay_engine(args, traces) -> dict:
     from kog_lsp.positions import line_content_end, line_starts
     from kog_lsp.postprocess import Policy, make_stop_fn, postprocess
     from kog_lsp.suggest_cache import SuggestionCache
+    from kog_lsp.token_cache import PromptTokenCache
 
     if args.threads:
         import torch
@@ -329,7 +331,7 @@ def replay_engine(args, traces) -> dict:
     fixed = bool(args.random_shape)
     if fixed:
         stop_ids = frozenset()
-    ctx, cache = ContextBuilder(), SuggestionCache()
+    ctx, cache, prompt_tokens = ContextBuilder(), SuggestionCache(), PromptTokenCache()
     sampling = eng.SamplingParams(temperature=0.0)
     root = Path(traces[0]["file"]).parent.as_uri() if traces else None
     docs: dict[str, tuple[int, str]] = {}
@@ -388,13 +390,16 @@ def replay_engine(args, traces) -> dict:
             ln = bisect.bisect_right(starts, cursor) - 1
             line_after = text[cursor: line_content_end(text, starts, ln)]
             policy = Policy.decide(args.multiline, text[starts[ln]:cursor], line_after)
+            t_prompt = time.perf_counter()
             others = [(u, v, t) for u, (v, t) in docs.items()]
             context_ids = ctx.build(tok, others, uri, args.context_tokens, root)
             prompt = build_prompt(tok, text, cursor, prefix_tokens=args.prefix_tokens,
                                   suffix_tokens=args.suffix_tokens, context_ids=context_ids,
-                                  path=display_path(uri, root), starts=starts)  # as the server does
+                                  path=display_path(uri, root), starts=starts,  # as the server does
+                                  token_cache=prompt_tokens, doc=uri)
             stop_fn = None if fixed else make_stop_fn(policy)
             ids = prompt.ids
+            row.prompt_ms.append((time.perf_counter() - t_prompt) * 1000.0)
 
             def work(e, cancel, ids=ids, stop_fn=stop_fn):
                 return e.complete(ids, max_new_tokens=args.max_tokens, sampling=sampling, stop_ids=stop_ids,
@@ -426,6 +431,12 @@ def replay_engine(args, traces) -> dict:
         "gpu_max_alloc_mb": gpu_mem, "backend_reason": s1.get("backend_reason"),
         "prefill_ms_p50": pct([x for _, row in rows for x in row.prefill_ms], 50),
         "decode_ms_p50": pct([x for _, row in rows for x in row.decode_ms], 50),
+        "prompt_ms_p50": pct([x for _, row in rows for x in row.prompt_ms], 50),
+        "prompt_token_cache": prompt_tokens.stats(),
+        # monokernel backends: host-side launch timing means (engine/backends/monokernel.py _LaunchClock)
+        "launch_clock_us": {k: s1["backend_stats"][k] for k in ("launch_host_us", "first_token_us",
+                                                                 "token_interval_us", "finish_us")
+                            if k in s1.get("backend_stats", {})} or None,
         "generated_tokens_mean": (statistics.fmean([x for _, row in rows for x in row.gen_tokens])
                                   if any(row.gen_tokens for _, row in rows) else None),
         "note": (f"random weights: {args.max_tokens} tokens generated per request, no stop; every answer to the "
@@ -462,6 +473,7 @@ def report(args, traces, source, r: dict) -> dict:
         "rss_mb": r["rss_mb"], "rss_of": r["rss_of"], "gpu_max_alloc_mb": r.get("gpu_max_alloc_mb"),
         "goal_p50_ms": goal, "note": r.get("note"), "prefill_ms_p50": r.get("prefill_ms_p50"),
         "decode_ms_p50": r.get("decode_ms_p50"), "generated_tokens_mean": r.get("generated_tokens_mean"),
+        "prompt_ms_p50": r.get("prompt_ms_p50"), "launch_clock_us": r.get("launch_clock_us"),
         "settings": json.loads(args.server_settings) if args.mode == "server" else None,
     }
     out["meets_goal"] = out["p50_ms"] is not None and out["p50_ms"] <= goal
@@ -474,7 +486,12 @@ def report(args, traces, source, r: dict) -> dict:
           + (f", GPU max allocated {r['gpu_max_alloc_mb']} MB" if r.get("gpu_max_alloc_mb") else ""))
     if r.get("prefill_ms_p50") is not None:
         print(f"engine time of timed answers: prefill p50 {f(r['prefill_ms_p50'])} ms, decode p50 "
-              f"{f(r['decode_ms_p50'])} ms, {f(r['generated_tokens_mean'])} tokens generated on average")
+              f"{f(r['decode_ms_p50'])} ms, {f(r['generated_tokens_mean'])} tokens generated on average; "
+              f"host prompt building p50 {f(r['prompt_ms_p50'])} ms (prompt token cache "
+              f"{'on' if r['prompt_token_cache']['enabled'] else 'off: ' + str(r['prompt_token_cache']['reason'])})")
+    if r.get("launch_clock_us"):
+        print("kernel launches as the host sees them (means, us): " + ", ".join(
+            f"{k} {v}" for k, v in r["launch_clock_us"].items()))
     if r.get("note"):
         print(f"note: {r['note']}")
     print(json.dumps(out))
