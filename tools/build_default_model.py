@@ -74,6 +74,8 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scale", choices=sorted(SCALES), default="tiny")
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--compile", action="store_true",
+                    help="train through torch.compile (inductor); falls back to eager with the reason logged")
     ap.add_argument("--out", type=Path, required=True, help="model directory to write")
     ap.add_argument("--pack", type=Path, help="also pack the results into this folder (<= 8 files)")
     ap.add_argument("--seed", type=int, default=0)
@@ -183,7 +185,7 @@ def main(argv=None) -> dict:
         log(f"train[{ph}]: budget {budget:.0f}s")
         st = train(model, stream, seq_len=S["seq_len"], batch=S["batch"], device=a.device,
                    seed=a.seed + P["seed_offset"], train_seconds=budget, max_steps=steps, peak_lr=lr,
-                   warmup=warm, loss_mask=loss_mask, log=log)
+                   warmup=warm, loss_mask=loss_mask, compile_backend="inductor" if a.compile else None, log=log)
         st.update(phase=ph, fim_rate=P["fim_rate"], span_mix=P["span_mix"], max_suffix_chars=P["max_suffix_chars"],
                   aligned=P["aligned"], snap=bool(P.get("snap")), spm_rate=P.get("spm_rate", 0.0))
         stats_list.append(st)

@@ -50,12 +50,14 @@ def lr_at(step: int, total: int, peak: float, warmup: int, floor_frac: float = 0
 def train(model, stream: np.ndarray, *, seq_len: int, batch: int, device: str, seed: int,
           train_seconds: float, max_steps: int, peak_lr: float = 1.5e-3, warmup: int = 200,
           weight_decay: float = 0.1, calib_steps: int = 20, loss_mask: np.ndarray | None = None,
-          log=print) -> dict:
+          compile_backend: str | None = None, log=print) -> dict:
     """stream: int32 [N] packed token ids. Trains on non-overlapping windows of seq_len, reshuffled
     each epoch with a seeded generator. The step count is max_steps, or fewer when the time measured
     over the first calib_steps says train_seconds would be exceeded; the LR schedule spans the final
     count, which is logged (rerun with --max-steps N and a large --train-seconds to reproduce it).
-    loss_mask: bool [N] or None; False positions are not trained as targets (padding)."""
+    loss_mask: bool [N] or None; False positions are not trained as targets (padding).
+    compile_backend: run the forward through torch.compile with this backend ("inductor" on the GPU); if the
+    first compiled step fails, training goes on eagerly from the same weights, and stats["compile"] says why."""
     dev = torch.device(device)
     use_cuda = dev.type == "cuda"
     if use_cuda:
@@ -78,6 +80,8 @@ def train(model, stream: np.ndarray, *, seq_len: int, batch: int, device: str, s
     cursor, epoch = 0, 0
     total = max_steps
     losses: list[float] = []
+    comp = _Compiled(model, compile_backend, log) if compile_backend else None
+    compile_info = comp.info if comp is not None else {"backend": None, "used": False, "error": None}
     t_start = time.time()
     step = 0
     while step < total:
@@ -89,9 +93,11 @@ def train(model, stream: np.ndarray, *, seq_len: int, batch: int, device: str, s
         labels = x if masks is None else x.masked_fill(~masks[idx], -100)   # -100: ignored by the HF loss
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total, peak_lr, warmup)
-        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_cuda):
-            out = model(input_ids=x, labels=labels, use_cache=False)
-        out.loss.backward()
+        out = comp.step(x, labels, use_cuda) if comp is not None else _step(model, x, labels, use_cuda)
+        if comp is not None and not comp.ok:                # compile failed on this step: eager from now on
+            comp = None
+            opt.zero_grad(set_to_none=True)
+            out = _step(model, x, labels, use_cuda)
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -121,4 +127,32 @@ def train(model, stream: np.ndarray, *, seq_len: int, batch: int, device: str, s
     return {"steps": step, "tokens_trained": step * batch * seq_len, "epochs": round(step * batch / n_win, 2),
             "seq_len": seq_len, "batch": batch, "peak_lr": peak_lr, "warmup": warmup,
             "weight_decay": weight_decay, "train_wall_s": round(wall, 1), "final_loss": round(final, 4),
-            "loss_curve": [round(l, 4) for l in losses], "stream_tokens": int(len(stream))}
+            "loss_curve": [round(l, 4) for l in losses], "stream_tokens": int(len(stream)), "compile": compile_info}
+
+
+def _step(model, x, labels, use_cuda: bool):
+    """Forward (bf16 autocast on the GPU) and backward of one batch; returns the model output."""
+    with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=use_cuda):
+        out = model(input_ids=x, labels=labels, use_cache=False)
+    out.loss.backward()
+    return out
+
+
+class _Compiled:
+    """The training step through torch.compile(model): same parameters, fused kernels. A failure (compilers,
+    unsupported ops) is caught on the step it happens, logged, and recorded in `info`; the caller then trains
+    eagerly."""
+
+    def __init__(self, model, backend: str, log):
+        self.log, self.ok = log, True
+        self.info = {"backend": backend, "used": True, "error": None}
+        self.fn = torch.compile(model, backend=backend)
+
+    def step(self, x, labels, use_cuda: bool):
+        try:
+            return _step(self.fn, x, labels, use_cuda)
+        except Exception as exc:      # noqa: BLE001 - any compile/runtime failure means: train eagerly
+            self.ok = False
+            self.info.update(used=False, error=f"{type(exc).__name__}: {exc}"[:500])
+            self.log(f"train: torch.compile ({self.info['backend']}) failed, training eagerly: {self.info['error']}")
+            return None
