@@ -2,14 +2,16 @@
 # Device call: main's decode bench, then each patch set in VARIANTS (patch numbers, ';' between sets) with
 # VTESTS (default: the monokernel GPU tests) and the decode bench. Sets are spread over the visible GPUs, one
 # queue per GPU running in parallel. Logs as one tarball per set in $OUT; per-set summaries on stdout.
+# Set names: main, v<patch numbers> (e.g. v06, v0608); EXTRA_<name> adds bench arguments for that set only.
 set -o pipefail
 ROOT=$(pwd)
 FINAL=${OUT:-/tmp/mk_out}
 mkdir -p "$FINAL"
 BA=${BENCH_ARGS:-"--peer none --reps 3 --prefetch 0 --min-pos 128"}
 NG=$(nvidia-smi -L | wc -l)
-run() {  # name dir tests gpu
-  CUDA_VISIBLE_DEVICES=$4 OUT=/tmp/out_$1 TESTS=$3 BENCH_ARGS="$BA" bash "$2/bench/device_run.sh" \
+run() {  # name dir tests gpu; EXTRA_<name> (e.g. EXTRA_v06="--lookahead 262144") adds bench args for one set
+  local extra="EXTRA_$1"
+  CUDA_VISIBLE_DEVICES=$4 OUT=/tmp/out_$1 TESTS=$3 BENCH_ARGS="$BA ${!extra}" bash "$2/bench/device_run.sh" \
     > "/tmp/sum_$1.txt" 2>&1
   tar czf "$FINAL/$1.tgz" -C /tmp "out_$1"
 }
