@@ -32,7 +32,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--dry-run", action="store_true", help="print, do not write metrics.json")
     ap.add_argument("--keep", action="store_true", help="keep the attempts already in metrics.json")
     a = ap.parse_args(argv)
-    threads = a.threads or _server_threads()
+    server = _server_threads()
+    threads = a.threads or server
     runs = []
     for _ in range(a.attempts):
         cmd = [sys.executable, str(ROOT / "bench" / "cpu_decode.py"), "--threads", str(threads),
@@ -45,7 +46,7 @@ def main(argv=None) -> dict:
                  "matvec_probe_gb_s": r["matvec_probe_gb_s"], "repeats_tok_s": r["all_tok_s"],
                  "omp_wait_policy": a.omp_wait_policy, "threads": threads} for r in runs]
     m = json.loads(METRICS.read_text())
-    key = "cpu_decode" if threads == _server_threads() else f"cpu_decode_{threads}_threads"
+    key = "cpu_decode" if threads == server else f"cpu_decode_{threads}_threads"
     if a.keep:
         attempts = [r for r in (m.get(key) or {}).get("attempts", []) if r.get("threads", 2) == threads] + attempts
     best = max(attempts, key=lambda r: r["decode_tok_s"])

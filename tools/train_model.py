@@ -94,10 +94,6 @@ def train(model, stream: np.ndarray, *, seq_len: int, batch: int, device: str, s
         for g in opt.param_groups:
             g["lr"] = lr_at(step, total, peak_lr, warmup)
         out = comp.step(x, labels, use_cuda) if comp is not None else _step(model, x, labels, use_cuda)
-        if comp is not None and not comp.ok:                # compile failed on this step: eager from now on
-            comp = None
-            opt.zero_grad(set_to_none=True)
-            out = _step(model, x, labels, use_cuda)
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -140,19 +136,21 @@ def _step(model, x, labels, use_cuda: bool):
 
 class _Compiled:
     """The training step through torch.compile(model): same parameters, fused kernels. A failure (compilers,
-    unsupported ops) is caught on the step it happens, logged, and recorded in `info`; the caller then trains
-    eagerly."""
+    unsupported ops) is caught on the step it happens, logged and recorded in `info`; that step is redone
+    eagerly from cleared gradients, and so is every later one."""
 
     def __init__(self, model, backend: str, log):
-        self.log, self.ok = log, True
+        self.model, self.log = model, log
         self.info = {"backend": backend, "used": True, "error": None}
         self.fn = torch.compile(model, backend=backend)
 
     def step(self, x, labels, use_cuda: bool):
-        try:
-            return _step(self.fn, x, labels, use_cuda)
-        except Exception as exc:      # noqa: BLE001 - any compile/runtime failure means: train eagerly
-            self.ok = False
-            self.info.update(used=False, error=f"{type(exc).__name__}: {exc}"[:500])
-            self.log(f"train: torch.compile ({self.info['backend']}) failed, training eagerly: {self.info['error']}")
-            return None
+        if self.info["used"]:
+            try:
+                return _step(self.fn, x, labels, use_cuda)
+            except Exception as exc:      # noqa: BLE001 - any compile/runtime failure means: train eagerly
+                self.info.update(used=False, error=f"{type(exc).__name__}: {exc}"[:500])
+                self.log(f"train: torch.compile ({self.info['backend']}) failed, training eagerly: "
+                         f"{self.info['error']}")
+                self.model.zero_grad(set_to_none=True)     # a partial backward may have left gradients
+        return _step(self.model, x, labels, use_cuda)
