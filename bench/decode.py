@@ -74,6 +74,7 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
     from engine.kv_cache import KVCache
     from engine.sampling import SamplingParams
     from kernels import isa
+    from kernels.runtime import Monokernel
     from kernels.testing import random_model
 
     cfg = preset(name)
@@ -124,7 +125,15 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
     log(format_table(name, row["trace"]))
     t = timed(lambda: list(mkb.decode_loop(0, tok0, ctx, N, greedy, frozenset(), None)), args.reps)
     row["monokernel_stream_us"] = t / N * 1e6
+    row["mv_loop"] = mk.mv_loop
     del mkb, mk
+    torch.cuda.empty_cache()
+    # the other library build's matvec loop (kernels/build.py), same launch otherwise: checks the per-model pick
+    other = "one-set" if row["mv_loop"] == "pipelined" else "pipelined"
+    mk2 = Monokernel(model, cache.k, cache.v, max_steps=N + 64, mv_loop=other)
+    mk2.run(0, tok0, ctx, 32)
+    row["mk_other_loop_us"] = timed(lambda: mk2.run(0, tok0, ctx, N), args.reps) / N * 1e6
+    del mk2
     torch.cuda.empty_cache()
 
     # graph backend (engine/backends/graph.py), if present
@@ -258,7 +267,7 @@ def main():
         rows.append(row)
         log(json.dumps(row))
     hdr = (f"{'shape':<20} {'roof us':>8} {'mk us':>8} {'mk tok/s':>9} {'%roof':>6} {'v0 us':>7} {'mk+pf us':>9} "
-           f"{'minpos':>10} {'layer us':>8} "
+           f"{'minpos':>10} {'mv loop':>9} {'other':>6} {'layer us':>8} "
            f"{'stream us':>9} "
            f"{'graph us':>9} {'peer us':>8} {'mk/peer':>8} {'mk/graph':>8}")
     log("")
@@ -271,6 +280,7 @@ def main():
         log(f"{r['shape']:<20} {f(r, 'roofline_us', '{:8.0f}')} {f(r, 'monokernel_us', '{:8.0f}')} "
             f"{f(r, 'monokernel_tok_s', '{:9.0f}')} {f(r, 'monokernel_pct_roof', '{:5.0f}%')} "
             f"{f(r, 'mk_v0_us', '{:7.0f}')} {pf_best(r)} {best(r, 'mk_minpos'):>10} "
+            f"{r.get('mv_loop', '-'):>9} {f(r, 'mk_other_loop_us', '{:6.0f}')} "
             f"{r['trace']['layer_us'] if 'trace' in r else float('nan'):8.1f} "
             f"{f(r, 'monokernel_stream_us', '{:9.0f}')} {f(r, 'graph_us', '{:9.0f}')} {f(r, 'peer_us', '{:8.0f}')} "
             f"{f(r, 'mk_speedup_vs_peer', '{:7.2f}x')} {f(r, 'mk_speedup_vs_graph', '{:7.2f}x')}")

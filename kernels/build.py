@@ -1,8 +1,10 @@
 """Build the monokernel shared library with plain nvcc (no torch headers: seconds, not a minute).
 
 The library is cached under ~/.cache/kog-lsp/kernels/<hash>/ keyed by the sources, the rendered ISA header and
-the flags; a build prints one progress line. `KOG_KERNELS_CACHE` overrides the cache root. Two variants: tp=False
-(one GPU: the tensor-parallel exchange compiled out, -DMK_TP=0) and tp=True (kernels/tp_runtime.py).
+the flags; a build prints one progress line. `KOG_KERNELS_CACHE` overrides the cache root. Three variants: one GPU
+with the tensor-parallel exchange compiled out (-DMK_TP=0), with the one-set matvec loop or with pipe=True the
+pipelined one (-DMK_MV_PIPE=1; the runtime picks per model, schedule.mv_pipelined_model), and tp=True
+(kernels/tp_runtime.py; one-set loop).
 """
 from __future__ import annotations
 
@@ -34,23 +36,25 @@ def find_nvcc() -> str | None:
     return None
 
 
-def variant_flags(tp: bool) -> tuple[str, ...]:
-    return (f"-DMK_TP={int(tp)}",)
+def variant_flags(tp: bool, pipe: bool = False) -> tuple[str, ...]:
+    if tp and pipe:
+        raise ValueError("the tensor-parallel build has the one-set matvec loop only")
+    return (f"-DMK_TP={int(tp)}", f"-DMK_MV_PIPE={int(pipe)}")
 
 
-def source_hash(tp: bool = False) -> str:
+def source_hash(tp: bool = False, pipe: bool = False) -> str:
     h = hashlib.sha256()
     for name in SOURCES:
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
     h.update(isa.render_header().encode())
-    h.update(" ".join((ARCH,) + FLAGS + variant_flags(tp)).encode())
+    h.update(" ".join((ARCH,) + FLAGS + variant_flags(tp, pipe)).encode())
     return h.hexdigest()[:16]
 
 
-def build(verbose: bool = False, tp: bool = False) -> Path:
+def build(verbose: bool = False, tp: bool = False, pipe: bool = False) -> Path:
     """-> path of libmonokernel.so of the variant (built if the cache has none for these sources)."""
-    out_dir = cache_root() / source_hash(tp)
+    out_dir = cache_root() / source_hash(tp, pipe)
     lib = out_dir / "libmonokernel.so"
     if lib.exists():
         return lib
@@ -62,9 +66,9 @@ def build(verbose: bool = False, tp: bool = False) -> Path:
     # always the one kernels/isa.py describes (tests check the checked-in copy matches too).
     (out_dir / "mk_isa.h").write_text(isa.render_header())
     tmp = out_dir / f"libmonokernel.{os.getpid()}.so"
-    cmd = [nvcc, ARCH, *FLAGS, *variant_flags(tp), f"-I{out_dir}", f"-I{CSRC}", "-o", str(tmp),
+    cmd = [nvcc, ARCH, *FLAGS, *variant_flags(tp, pipe), f"-I{out_dir}", f"-I{CSRC}", "-o", str(tmp),
            str(CSRC / "monokernel.cu")]
-    what = "tensor-parallel monokernel" if tp else "monokernel"
+    what = "tensor-parallel monokernel" if tp else "monokernel (pipelined matvec)" if pipe else "monokernel"
     print(f"[kernels] building {what} with nvcc into {out_dir} ...", file=sys.stderr, flush=True)
     t0 = time.time()
     res = subprocess.run(cmd, capture_output=True, text=True)
@@ -82,4 +86,5 @@ def build(verbose: bool = False, tp: bool = False) -> Path:
 
 if __name__ == "__main__":
     print(build(verbose=True))
+    print(build(verbose=True, pipe=True))
     print(build(verbose=True, tp=True))

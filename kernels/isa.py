@@ -40,9 +40,22 @@ REC_WORDS = 8 + 2 * TOPK   # max, argmax, sumexp, gumbel_best, gumbel_id, pad x3
 NTHREADS = 512
 NWARPS = NTHREADS // 32
 MV_UNROLL = 4              # 16-byte chunks per lane per matvec item (loads in flight per lane)
+MV_UNROLL_PIPE = 3         # the same for the two-register-set (pipelined) matvec: both sets fit 128 registers
 MAX_GROUP = 8              # q heads per kv head an ATTN instruction handles
 MAX_SPLITS = 64
 SMEM_RED_FLOATS = 8192     # matvec partial sums per instruction: rows x items_per_row must fit
+
+
+def mv_pipelined(k: int) -> bool:
+    """Whether the pipelined matvec loop (two register sets of MV_UNROLL_PIPE chunks: the next batch's loads in
+    flight during the current batch's arithmetic) suits row length k better than the one-set loop of MV_UNROLL
+    chunks: when its items waste no more load slots per row. Measured (session 5, both loops on every stage):
+    pipelined wins at K = 1536 and 8960, loses at 896, 2048, 4864 and 8192."""
+    nch = k // 8
+
+    def slots(u: int) -> int:
+        return -(-nch // (32 * u)) * 32 * u
+    return slots(MV_UNROLL_PIPE) <= slots(MV_UNROLL)
 
 
 def counter_index(layer: int, which: int) -> int:
@@ -166,6 +179,7 @@ def render_header() -> str:
         f"#define MK_NTHREADS {NTHREADS}",
         f"#define MK_NWARPS {NWARPS}",
         f"#define MK_MV_UNROLL {MV_UNROLL}",
+        f"#define MK_MV_UNROLL_PIPE {MV_UNROLL_PIPE}",
         f"#define MK_TRACE_WORDS {TRACE_WORDS}",
         f"#define MK_MAX_GROUP {MAX_GROUP}",
         f"#define MK_MAX_SPLITS {MAX_SPLITS}",

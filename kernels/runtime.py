@@ -16,7 +16,7 @@ import torch
 
 from . import isa
 from .build import build
-from .schedule import Dims, Schedule, build as build_schedule
+from .schedule import Dims, Schedule, build as build_schedule, mv_pipelined_model
 
 log = logging.getLogger("kernels")
 
@@ -35,13 +35,15 @@ class MkParams(ctypes.Structure):
     _fields_ = [(n, _ctype(k)) for n, k in isa.PARAM_FIELDS]
 
 
-_LIBS: dict[bool, ctypes.CDLL] = {}
+_LIBS: dict[tuple[bool, bool], ctypes.CDLL] = {}
 
 
-def load_library(tp: bool = False) -> ctypes.CDLL:
-    """The one-GPU build, or with tp the tensor-parallel one (kernels/build.py)."""
-    if tp not in _LIBS:
-        lib = ctypes.CDLL(str(build(tp=tp)))
+def load_library(tp: bool = False, pipe: bool = False) -> ctypes.CDLL:
+    """The one-GPU build (pipe: with the pipelined matvec loop), or with tp the tensor-parallel one
+    (kernels/build.py)."""
+    key = (tp, pipe)
+    if key not in _LIBS:
+        lib = ctypes.CDLL(str(build(tp=tp, pipe=pipe)))
         lib.mk_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         lib.mk_start.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         lib.mk_host_alloc.argtypes = [ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
@@ -50,8 +52,8 @@ def load_library(tp: bool = False) -> ctypes.CDLL:
         lib.mk_occupancy.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
         if lib.mk_params_size() != ctypes.sizeof(MkParams) or lib.mk_layer_size() != ctypes.sizeof(MkLayer):
             raise RuntimeError("MkParams layout differs between CUDA and ctypes (stale build?)")
-        _LIBS[tp] = lib
-    return _LIBS[tp]
+        _LIBS[key] = lib
+    return _LIBS[key]
 
 
 def _check(lib, err: int, what: str) -> None:
@@ -94,16 +96,25 @@ class Monokernel:
     """model: engine.model.Model on a CUDA device; k_cache/v_cache: [S, L, kvh, max_len, hd] bf16."""
 
     def __init__(self, model, k_cache: torch.Tensor, v_cache: torch.Tensor, max_steps: int = 4096,
-                 n_sm: int | None = None, sched: Schedule | None = None, tp_build: bool = False):
+                 n_sm: int | None = None, sched: Schedule | None = None, tp_build: bool = False,
+                 mv_loop: str = "auto"):
         """sched: a prebuilt schedule for this model's shape and n_sm (tensor parallelism passes one whose
         exchanged waits count every rank's producers, and tp_build: the library variant with the exchange:
-        kernels/tp_runtime.py). The library calls below bind to the thread's current device, which is the model's
-        device inside this block; the caller's comes back after."""
+        kernels/tp_runtime.py). mv_loop: "auto" (schedule.mv_pipelined_model), "pipelined" or "one-set"; the
+        tensor-parallel build has the one-set loop only. The library calls below bind to the thread's current
+        device, which is the model's device inside this block; the caller's comes back after."""
         with torch.cuda.device(model.device):
-            self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build)
+            self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, mv_loop)
 
-    def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build) -> None:
-        self.lib = lib = load_library(tp_build)
+    def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, mv_loop) -> None:
+        if mv_loop not in ("auto", "pipelined", "one-set"):
+            raise ValueError(f"mv_loop must be auto, pipelined or one-set, not {mv_loop!r}")
+        if tp_build and mv_loop == "pipelined":
+            raise ValueError("the tensor-parallel build has the one-set matvec loop only")
+        pipe = not tp_build and (mv_loop == "pipelined" or
+                                 (mv_loop == "auto" and mv_pipelined_model(Dims.of(model.cfg))))
+        self.mv_loop = "pipelined" if pipe else "one-set"
+        self.lib = lib = load_library(tp_build, pipe)
         self.model, self.cfg = model, model.cfg
         dev = model.device
         self.device = dev
@@ -185,8 +196,8 @@ class Monokernel:
         self.layout = dict(sm_vec=0, sm_red=vec, sm_out=vec + isa.SMEM_RED_FLOATS, sm_scr=0, sm_kv=self.sm_kv)
         self.running = False
         self.stream = None
-        log.info("monokernel: %d CTAs x %d threads, %d instructions/step, %d attention splits, %d B shared memory",
-                 self.n_sm, isa.NTHREADS, len(ins), sc.n_splits, self.smem)
+        log.info("monokernel: %d CTAs x %d threads, %d instructions/step, %d attention splits, %d B shared memory, "
+                 "%s matvec loop", self.n_sm, isa.NTHREADS, len(ins), sc.n_splits, self.smem, self.mv_loop)
         # A wait longer than this (~1 s at H200 clocks) aborts the launch and reports the stuck counter.
         self.watchdog_cycles = 2_000_000_000
         # L2 prefetch of each instruction's first weight bytes before its wait (0 = off); see bench/NOTES.md.

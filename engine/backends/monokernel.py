@@ -94,7 +94,9 @@ class MonokernelBackend(Backend):
             return False, f"built for sm_90a (Hopper); this GPU is {major}.{minor}"
         from kernels import isa
         from kernels.build import cache_root, find_nvcc, source_hash
-        if find_nvcc() is None and not (cache_root() / source_hash() / "libmonokernel.so").exists():
+        from kernels.schedule import Dims, mv_pipelined_model
+        pipe = mv_pipelined_model(Dims.of(config))
+        if find_nvcc() is None and not (cache_root() / source_hash(pipe=pipe) / "libmonokernel.so").exists():
             return False, "nvcc not found and no cached kernel build"
         if config.arch not in ("llama", "qwen2"):
             return False, f"architecture {config.arch} not supported"
@@ -134,7 +136,8 @@ class MonokernelBackend(Backend):
 
     def describe(self) -> str:
         s = self.mk.sched
-        return f"monokernel ({self.mk.n_sm} CTAs, {sum(map(len, s.per_sm))} instructions/step)"
+        return (f"monokernel ({self.mk.n_sm} CTAs, {sum(map(len, s.per_sm))} instructions/step, "
+                f"{self.mk.mv_loop} matvec loop)")
 
     def prefill(self, slot, ids, start_pos, all_logits=False):
         out = self.prefill_graphs.prefill(slot, ids, start_pos, all_logits)

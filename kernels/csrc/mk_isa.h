@@ -24,6 +24,7 @@
 #define MK_NTHREADS 512
 #define MK_NWARPS 16
 #define MK_MV_UNROLL 4
+#define MK_MV_UNROLL_PIPE 3
 #define MK_TRACE_WORDS 6
 #define MK_MAX_GROUP 8
 #define MK_MAX_SPLITS 64

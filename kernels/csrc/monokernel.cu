@@ -13,7 +13,17 @@
 
 #define NT MK_NTHREADS
 #define NW MK_NWARPS
+#ifndef MK_MV_PIPE
+#define MK_MV_PIPE 0
+#endif
+#if MK_MV_PIPE && MK_TP
+#error "the pipelined matvec needs the registers the tensor-parallel exchange holds (one-set loop only)"
+#endif
+#if MK_MV_PIPE
+#define U MK_MV_UNROLL_PIPE
+#else
 #define U MK_MV_UNROLL
+#endif
 
 // Thread 0 stamps instruction ii of the traced step (Monokernel.enable_trace; word k: isa.TRACE_WORDS).
 MK_DEV void trace(const MkParams& p, int step, int ii, int k) {
