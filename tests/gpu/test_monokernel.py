@@ -234,9 +234,9 @@ def test_tracing_changes_timing_not_results(name):
 
 @pytest.mark.parametrize("name", [SHAPES[0], SHAPES[2]])
 def test_other_matvec_loop_matches_reference(name):
-    """Each model runs one library build's matvec loop (schedule.mv_pipelined_model); the other build must be just
-    as correct on the same shape: teacher-forced vs the fp32 reference, reproducible, and equal to the chosen loop
-    up to the order of its partial sums."""
+    """Each model runs one library build's matvec loop (schedule.mv_loop_for); the other build must be just as
+    correct on the same shape: teacher-forced vs the fp32 reference, equal to the chosen loop up to the order of
+    its partial sums, and bit-identical with its first weight loads issued before or after the wait."""
     from kernels.runtime import Monokernel
     s = setup_for(name)
     steps = 64
@@ -247,14 +247,19 @@ def test_other_matvec_loop_matches_reference(name):
     ref = torch.stack([s.m32.forward(s.k32, s.v32, 0, s.ids[PROMPT + j:PROMPT + j + 1].cuda(), PROMPT + j)
                        for j in range(steps)])
     outs = []
-    for kernel in (mk, mk, s.mk):
+    for kernel, early in ((s.mk, 1), (mk, 0), (mk, 1)):   # the other loop last: the KV check below reads its writes
         s.restore()
+        kernel.early_loads = early
         out = torch.full((steps, s.cfg.vocab_size), float("nan"), device="cuda")
         kernel.run(0, forced[0], PROMPT, steps, forced=forced, logits_out=out)
         outs.append(out)
-    errs = [rel(outs[0][j], ref[j]) for j in range(steps)]
-    between = max(rel(outs[0][j], outs[2][j]) for j in range(steps))
+    mk.early_loads = 1
+    errs = [rel(outs[2][j], ref[j]) for j in range(steps)]
+    between = max(rel(outs[2][j], outs[0][j]) for j in range(steps))
     print(f"\n{name}: {other} loop teacher-forced rel L2 max {max(errs):.2e}; vs the {s.mk.mv_loop} loop {between:.2e}")
     assert max(errs) <= 1e-2
-    assert torch.equal(outs[0], outs[1])
+    assert torch.equal(outs[2], outs[1]), "issuing the first weight loads before the wait changed bits"
     assert between <= 1e-3
+    end = PROMPT + steps   # KV written exactly at the decoded positions, untouched beyond
+    assert rel(s.k16[:, :, :, PROMPT:end].float(), s.k32[:, :, :, PROMPT:end]) < 1e-2
+    assert torch.isnan(s.k16[:, :, :, end:].float()).all()
