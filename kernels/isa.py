@@ -49,8 +49,10 @@ SMEM_RED_FLOATS = 8192     # matvec partial sums per instruction: rows x items_p
 def mv_pipelined(k: int) -> bool:
     """Whether the pipelined matvec loop (two register sets of MV_UNROLL_PIPE chunks: the next batch's loads in
     flight during the current batch's arithmetic) suits row length k better than the one-set loop of MV_UNROLL
-    chunks: when its items waste no more load slots per row. Measured (session 5, both loops on every stage):
-    pipelined wins at K = 1536 and 8960, loses at 896, 2048, 4864 and 8192."""
+    chunks: when its items waste no more load slots per row. Per-stage traces of session 5 (both loops, same
+    run): pipelined faster at K = 1536 (1.5B QKV, GATEUP, LM head) and 8960 (1.5B DOWN), slower at 896 (0.5B) and
+    2048 / 8192 (Llama-1B); at 4864 (0.5B DOWN) it was faster (3.06 vs 3.25 us) although this rule says no: a
+    heuristic, used only to weigh a model's stages (schedule.mv_pipelined_model)."""
     nch = k // 8
 
     def slots(u: int) -> int:

@@ -63,7 +63,7 @@ MK_DEV void mv_dot(int items, int nch, int base, const float* sv, float* red, co
 
 // out[r] = W[row(r), :K] . sv for r < R (out, sv, red in shared memory). Work is split in items of
 // 32 lanes x U 16-byte chunks; each warp takes two items per batch, so 2U loads per lane are in flight.
-// Two loops, one per library build (kernels/build.py, the host picks per model: isa.mv_pipelined_model):
+// Two loops, one per library build (kernels/build.py, the host picks per model: schedule.mv_pipelined_model):
 // - one register set (U = MV_UNROLL): a batch's loads are issued after the previous batch's arithmetic;
 // - pipelined (MK_MV_PIPE, U = MV_UNROLL_PIPE): two batches in two register sets, the next batch's loads in
 //   flight while the current one is computed, so the stream has no gap between batches. Its U is smaller so
