@@ -11,6 +11,8 @@
 //   smem-tr   shared memory, lane partials of 32 items kept in registers and reduced together by a transposed
 //             butterfly (31 shuffles for 32 items instead of 5 per item)
 //   dram-ilp / dram-tr   the last two with streaming loads
+//   dram-pair / smem-pair  the monokernel's loop since patch 17: batches of two rows over the same chunks share
+//             each activation load, activations swizzled in shared memory (no bank conflicts)
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I kernels/csrc bench/probes/matvec_probe.cu \
 //        -o /tmp/matvec_probe && /tmp/matvec_probe
@@ -62,7 +64,8 @@ MK_DEV uint4 load_chunk(const mk_bf16* g, unsigned s, int r, int K, int c) {
     return mk_ld_stream16(g + (size_t)r * K + (size_t)c * 8);
 }
 
-// mode 0: the monokernel's loop (chain dot8, reduction per item); 1: ILP dot; 2: ILP dot + transposed reduction.
+// mode 0: the monokernel's loop (chain dot8, reduction per item); 1: ILP dot; 2: ILP dot + transposed reduction;
+// 3: row pairs sharing swizzled activation loads.
 template <bool SMEM, int MODE>
 MK_DEV void matvec(const mk_bf16* g, unsigned s, int R, int K, const float* sv, float* red) {
     const int nch = K >> 3;
@@ -109,6 +112,47 @@ MK_DEV void matvec(const mk_bf16* g, unsigned s, int R, int K, const float* sv, 
             if (lane == 0) {
                 red[base] = acc[0];
                 if (base + NW < items) red[base + NW] = acc[1];
+            }
+        }
+    } else if (MODE == 3) {
+        // the kernel's batches since patch 17: two rows over the same chunks share each activation load, and the
+        // activations sit swizzled (chunk c's 16-byte halves swapped when bit 2 of c is set: no bank conflict)
+        const float4* sv4 = (const float4*)sv;
+        const int nb = ((R + 1) >> 1) * ipr;
+        for (int bi = warp; bi < nb; bi += NW) {
+            const int rp = bi / ipr, gr = bi - rp * ipr;
+            const int nrows = min(2, R - 2 * rp);
+            const int c0 = gr * 32 * U + lane;
+            uint4 w[2][U];
+#pragma unroll
+            for (int k = 0; k < 2; ++k)
+#pragma unroll
+                for (int j = 0; j < U; ++j) {
+                    const int c = c0 + j * 32;
+                    w[k][j] = k < nrows && c < nch ? load_chunk<SMEM>(g, s, 2 * rp + k, K, c)
+                                                   : make_uint4(0, 0, 0, 0);
+                }
+            float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+            for (int j = 0; j < U; ++j) {
+                const int c = c0 + j * 32;
+                if (c < nch) {
+                    const int x = (c >> 2) & 1;
+                    const float4 a = sv4[(2 * c) ^ x], b = sv4[(2 * c + 1) ^ x];
+                    float f[8], h[8];
+                    mk_unpack8(w[0][j], f);
+                    mk_unpack8(w[1][j], h);
+                    a0 += f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w + f[4] * b.x + f[5] * b.y + f[6] * b.z +
+                          f[7] * b.w;
+                    a1 += h[0] * a.x + h[1] * a.y + h[2] * a.z + h[3] * a.w + h[4] * b.x + h[5] * b.y + h[6] * b.z +
+                          h[7] * b.w;
+                }
+            }
+            a0 = warp_sum(a0);
+            a1 = warp_sum(a1);
+            if (lane == 0) {
+                red[2 * rp * ipr + gr] = a0;
+                if (nrows > 1) red[(2 * rp + 1) * ipr + gr] = a1;
             }
         }
     } else {
@@ -225,6 +269,8 @@ int main() {
         run(probe<true, 0>, "smem", false);
         run(probe<true, 1>, "smem-ilp", false);
         run(probe<true, 2>, "smem-tr", false);
+        run(probe<false, 3>, "dram-pair", true);
+        run(probe<true, 3>, "smem-pair", false);
     }
     printf("%s]}\n", json.c_str());
     return 0;
