@@ -109,23 +109,28 @@ MK_DEV void signal_ctr(unsigned* c) {
     if (threadIdx.x == 0) mk_red_release(c, 1u);
 }
 
-// dst[0:n] = src[0:n] (fp32, written by other CTAs; n % 4 == 0). Caller syncs.
+// Position of element i of a matvec input vector in shared memory: the two 16-byte halves of each 8-element chunk
+// are swapped in every chunk with bit 2 set, so that the lanes of a quarter-warp, reading chunks c .. c + 7, hit 8
+// distinct bank groups (mv_dot). Keeps 4-element groups together: svx(i) % 4 == i % 4.
+MK_DEV int svx(int i) { return i ^ ((i >> 3) & 4); }
+
+// dst[svx(0:n)] = src[0:n] (fp32, written by other CTAs; n % 4 == 0). Caller syncs.
 MK_DEV void load_vec(float* dst, const float* src, int n) {
     for (int i = threadIdx.x * 4; i < n; i += NT * 4)
-        *(float4*)(dst + i) = mk_ld_cg4((const float4*)(src + i));
+        *(float4*)(dst + svx(i)) = mk_ld_cg4((const float4*)(src + i));
 }
 
-// dst = RMSNorm(src) * w, fp32, n % 4 == 0. Ends synced.
+// dst = RMSNorm(src) * w, fp32, n % 4 == 0, dst swizzled (svx). Ends synced.
 MK_DEV void norm_vec(float* dst, const float* src, const float* w, int n, float eps, float* scr) {
     float ss = 0.f;
     for (int i = threadIdx.x * 4; i < n; i += NT * 4) {
         const float4 a = mk_ld_cg4((const float4*)(src + i));
-        *(float4*)(dst + i) = a;
+        *(float4*)(dst + svx(i)) = a;
         ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
     }
     ss = block_sum(ss, scr);
     const float r = rsqrtf(ss / (float)n + eps);
-    for (int i = threadIdx.x; i < n; i += NT) dst[i] = dst[i] * r * w[i];
+    for (int i = threadIdx.x; i < n; i += NT) dst[svx(i)] = dst[svx(i)] * r * w[i];
     __syncthreads();
 }
 

@@ -151,9 +151,9 @@ MK_DEV void xr_lane_norm(const MkParams& p, float* dst, const float* w, int op, 
             }
             ss = block_sum(ss, scr);
             const float r = rsqrtf(ss / (float)n + p.eps);
-            for (int i = threadIdx.x; i < n; i += NT) dst[i] = (l == 0 ? 0.f : dst[i]) + mk_ld_cg(f + i) * r;
+            for (int i = threadIdx.x; i < n; i += NT) dst[svx(i)] = (l == 0 ? 0.f : dst[svx(i)]) + mk_ld_cg(f + i) * r;
         }
-        for (int i = threadIdx.x; i < n; i += NT) dst[i] = dst[i] / (float)p.tp_size * w[i];
+        for (int i = threadIdx.x; i < n; i += NT) dst[svx(i)] = dst[svx(i)] / (float)p.tp_size * w[i];
         __syncthreads();
         return;
     }
@@ -165,12 +165,12 @@ MK_DEV void xr_lane_norm(const MkParams& p, float* dst, const float* w, int op, 
         const float4 u = xr_lane_upd4(p, j, s, i, mk_ld_cg4((const float4*)(own + i)));
         float4 a = mk_ld_cg4((const float4*)(p.x + i));
         a.x += u.x; a.y += u.y; a.z += u.z; a.w += u.w;
-        *(float4*)(dst + i) = a;
+        *(float4*)(dst + svx(i)) = a;
         ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
     }
     ss = block_sum(ss, scr);
     const float r = rsqrtf(ss / (float)n + p.eps);
-    for (int i = threadIdx.x; i < n; i += NT) dst[i] = dst[i] * r * w[i];
+    for (int i = threadIdx.x; i < n; i += NT) dst[svx(i)] = dst[svx(i)] * r * w[i];
     __syncthreads();
 }
 
@@ -240,7 +240,7 @@ MK_DEV bool xr_wait(const MkParams& p, const int* ins, int step, int* sflag) {
     return ok;
 }
 
-// dst = RMSNorm(x [+ sum of the pending partials]) * w over the d residual rows. Ends synced.
+// dst = RMSNorm(x [+ sum of the pending partials]) * w over the d residual rows, dst swizzled (svx). Ends synced.
 MK_DEV void xr_norm(const MkParams& p, float* dst, const float* w, int op, int layer, float* scr) {
     if (!kTP) { norm_vec(dst, p.x, w, p.d, p.eps, scr); return; }
     if (p.lane_mode != nullptr && (op != MK_OP_QKV || layer > 0)) { xr_lane_norm(p, dst, w, op, layer, scr); return; }
@@ -259,12 +259,12 @@ MK_DEV void xr_norm(const MkParams& p, float* dst, const float* w, int op, int l
         }
         float4 a = mk_ld_cg4((const float4*)(p.x + i));
         a.x += s.x; a.y += s.y; a.z += s.z; a.w += s.w;
-        *(float4*)(dst + i) = a;
+        *(float4*)(dst + svx(i)) = a;
         ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
     }
     ss = block_sum(ss, scr);
     const float r = rsqrtf(ss / (float)n + p.eps);
-    for (int i = threadIdx.x; i < n; i += NT) dst[i] = dst[i] * r * w[i];
+    for (int i = threadIdx.x; i < n; i += NT) dst[svx(i)] = dst[svx(i)] * r * w[i];
     __syncthreads();
 }
 

@@ -14,83 +14,98 @@ MK_DEV const mk_bf16* row_ptr(const RowMap& m, int r, int K) {
     return m.base + (size_t)row * K;
 }
 
-MK_DEV float dot8(const uint4 w, const float* v) {
-    float f[8];
-    mk_unpack8(w, f);
-    const float4 a = *(const float4*)v, b = *(const float4*)(v + 4);
-    return f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w + f[4] * b.x + f[5] * b.y + f[6] * b.z + f[7] * b.w;
+// A warp's batch: rows 2 rp and 2 rp + 1 over the same U x 32 chunks of the row, from chunk c0 + lane on (c0 = nch
+// when the batch is past the end). The two rows share every activation load. Their partial sums go to red[red0]
+// and red[red1] (red1 = -1 for the missing second row of an odd R).
+struct MvBatch {
+    int c0, red0, red1;
+};
+
+// dot8 of one chunk of rows 0 and 1 with the same activations: a, b are the chunk's 8 fp32 activations. Each
+// row's expression is the single-row one (one dependent chain), so every row's sum is what it was per row.
+MK_DEV void dot8x2(const uint4 w0, const uint4 w1, const float4 a, const float4 b, float& acc0, float& acc1) {
+    float f[8], h[8];
+    mk_unpack8(w0, f);
+    mk_unpack8(w1, h);
+    acc0 += f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w + f[4] * b.x + f[5] * b.y + f[6] * b.z + f[7] * b.w;
+    acc1 += h[0] * a.x + h[1] * a.y + h[2] * a.z + h[3] * a.w + h[4] * b.x + h[5] * b.y + h[6] * b.z + h[7] * b.w;
 }
 
-// One batch of a warp's weight loads: items base and base + NW (32 lanes x U 16-byte chunks each).
-MK_DEV void mv_load(const RowMap& m, int R, int K, int base, uint4 (&w)[2][U], int (&cb)[2]) {
+// One batch of a warp's weight loads: batch bi (32 lanes x U 16-byte chunks of two rows).
+MK_DEV void mv_load(const RowMap& m, int R, int K, int bi, uint4 (&w)[2][U], MvBatch& b) {
     const int nch = K >> 3;
     const int ipr = (nch + 32 * U - 1) / (32 * U);
-    const int items = R * ipr;
+    const int nb = ((R + 1) >> 1) * ipr;
     const int lane = threadIdx.x & 31;
+    const int rp = bi / ipr, g = bi - rp * ipr;
+    const int nrows = bi < nb ? min(2, R - 2 * rp) : 0;
+    b.c0 = nrows > 0 ? g * 32 * U + lane : nch;
+    b.red0 = 2 * rp * ipr + g;
+    b.red1 = nrows > 1 ? b.red0 + ipr : -1;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
-        const int it = base + k * NW;
-        const int r = it / ipr, g = it - r * ipr;
-        cb[k] = it < items ? g * 32 * U + lane : nch;
-        const mk_bf16* row = row_ptr(m, it < items ? r : 0, K);
+        const bool ok = k < nrows;
+        const mk_bf16* row = row_ptr(m, ok ? 2 * rp + k : 0, K);
 #pragma unroll
         for (int j = 0; j < U; ++j) {
-            const int c = cb[k] + j * 32;
-            w[k][j] = c < nch ? mk_ld_stream16(row + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
+            const int c = b.c0 + j * 32;
+            w[k][j] = ok && c < nch ? mk_ld_stream16(row + (size_t)c * 8) : make_uint4(0, 0, 0, 0);
         }
     }
 }
 
-// The dot products of one batch (items base and base + NW, as loaded by mv_load) into red[item].
-MK_DEV void mv_dot(int items, int nch, int base, const float* sv, float* red, const uint4 (&w)[2][U],
-                   const int (&cb)[2]) {
-    float acc[2] = {0.f, 0.f};
+// The dot products of one batch (as loaded by mv_load) into red[row * ipr + g] (g: the batch's chunk group).
+// sv is in the swizzled layout (svx): the 8 activations of chunk c are the 16-byte units 2c ^ s and (2c + 1) ^ s,
+// s = bit 2 of c, so the lanes of a quarter-warp read 8 distinct bank groups (no conflict).
+MK_DEV void mv_dot(int nch, const float* sv, float* red, const uint4 (&w)[2][U], const MvBatch& b) {
+    const float4* sv4 = (const float4*)sv;
+    float acc0 = 0.f, acc1 = 0.f;
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-#pragma unroll
-        for (int j = 0; j < U; ++j) {
-            const int c = cb[k] + j * 32;
-            if (c < nch) acc[k] += dot8(w[k][j], sv + c * 8);
+    for (int j = 0; j < U; ++j) {
+        const int c = b.c0 + j * 32;
+        if (c < nch) {
+            const int s = (c >> 2) & 1;
+            dot8x2(w[0][j], w[1][j], sv4[(2 * c) ^ s], sv4[(2 * c + 1) ^ s], acc0, acc1);
         }
     }
-    acc[0] = warp_sum(acc[0]);
-    acc[1] = warp_sum(acc[1]);
-    if ((threadIdx.x & 31) == 0) {
-        red[base] = acc[0];
-        if (base + NW < items) red[base + NW] = acc[1];
+    acc0 = warp_sum(acc0);
+    acc1 = warp_sum(acc1);
+    if ((threadIdx.x & 31) == 0 && b.c0 < nch) {   // lane 0's c0 < nch exactly when the batch has rows
+        red[b.red0] = acc0;
+        if (b.red1 >= 0) red[b.red1] = acc1;
     }
 }
 
-// out[r] = W[row(r), :K] . sv for r < R (out, sv, red in shared memory). Work is split in items of
-// 32 lanes x U 16-byte chunks; each warp takes two items per batch, so 2U loads per lane are in flight.
+// out[r] = W[row(r), :K] . sv for r < R (out, sv, red in shared memory; sv swizzled, svx). Work is split in
+// batches of two rows x 32 lanes x U 16-byte chunks, so 2U loads per lane are in flight.
 // Two loops, one per library build (kernels/build.py, the host picks per model: schedule.mv_pipelined_model):
 // - one register set (U = MV_UNROLL): a batch's loads are issued after the previous batch's arithmetic;
 // - pipelined (MK_MV_PIPE, U = MV_UNROLL_PIPE): two batches in two register sets, the next batch's loads in
 //   flight while the current one is computed, so the stream has no gap between batches. Its U is smaller so
 //   that both sets fit 128 registers, which wastes load slots when K fits U = 3 items badly (K = 896).
-// preloaded: the caller already issued the first batch (mv_load with base = warp) into w/cb before its wait.
+// preloaded: the caller already issued the first batch (mv_load with bi = warp) into w/b before its wait.
 // Partial sums go to red[item] and are added in a fixed order: results are bit-reproducible.
 MK_DEV void matvec(const RowMap& m, int R, int K, const float* sv, float* red, float* out, uint4 (&w)[2][U],
-                   int (&cb)[2], bool preloaded) {
+                   MvBatch& b, bool preloaded) {
     const int nch = K >> 3;
     const int ipr = (nch + 32 * U - 1) / (32 * U);
-    const int items = R * ipr;
+    const int nb = ((R + 1) >> 1) * ipr;
     const int warp = threadIdx.x >> 5;
 #if MK_MV_PIPE
     uint4 w2[2][U];
-    int cb2[2];
-    if (warp < items && !preloaded) mv_load(m, R, K, warp, w, cb);
-    for (int base = warp; base < items; base += 4 * NW) {
-        const int b2 = base + 2 * NW;
-        if (b2 < items) mv_load(m, R, K, b2, w2, cb2);                    // in flight while batch `base` runs
-        mv_dot(items, nch, base, sv, red, w, cb);
-        if (b2 + 2 * NW < items) mv_load(m, R, K, b2 + 2 * NW, w, cb);    // in flight during batch b2
-        if (b2 < items) mv_dot(items, nch, b2, sv, red, w2, cb2);
+    MvBatch b2;
+    if (warp < nb && !preloaded) mv_load(m, R, K, warp, w, b);
+    for (int bi = warp; bi < nb; bi += 2 * NW) {
+        const int bj = bi + NW;
+        if (bj < nb) mv_load(m, R, K, bj, w2, b2);                    // in flight while batch bi runs
+        mv_dot(nch, sv, red, w, b);
+        if (bj + NW < nb) mv_load(m, R, K, bj + NW, w, b);            // in flight during batch bj
+        if (bj < nb) mv_dot(nch, sv, red, w2, b2);
     }
 #else
-    for (int base = warp; base < items; base += 2 * NW) {
-        if (!(preloaded && base == warp)) mv_load(m, R, K, base, w, cb);
-        mv_dot(items, nch, base, sv, red, w, cb);
+    for (int bi = warp; bi < nb; bi += NW) {
+        if (!(preloaded && bi == warp)) mv_load(m, R, K, bi, w, b);
+        mv_dot(nch, sv, red, w, b);
     }
 #endif
     __syncthreads();

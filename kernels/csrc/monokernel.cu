@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             default: break;
             }
             uint4 w[2][U];
-            int cb[2];
+            MvBatch cb;
             const bool pre = R > 0 && p.early_loads;
             if (pre) mv_load(m, R, K, threadIdx.x >> 5, w, cb);   // in flight while we wait
             if (p.prefetch_bytes > 0) prefetch_instr(p, ins);
