@@ -1,0 +1,165 @@
+// Stage-handoff probe: what one grid-wide producer -> consumer handoff costs, by how it is signalled.
+// The monokernel hands every stage's output to the next stage through global memory and a counter: the producer
+// CTA writes its rows, syncs, thread 0 adds to the counter with release semantics; the consumer's thread 0 spins
+// on an acquire load, syncs, and reads the vector from L2. Per layer there are five such handoffs, and the traces
+// (bench/NOTES.md) suggest each costs more than the ~0.35 us "hop" they show (the release waits for the stores).
+//
+// Every stage here: each of the 132 CTAs (one per SM, 512 threads) reads the whole previous-stage vector
+// (132 x 8 floats), block-sums it and writes its 8 outputs; NS stages chained, CTA 0 times the chain.
+// Modes:
+//   counter       the monokernel's handoff (st, bar.sync, red.release.gpu; ld.acquire spin, bar.sync, ld.cg)
+//   counter-nodata  the same handoff, the consumer reading nothing (signal latency alone)
+//   ll            data and flag in one 8-byte store (value bits | stage tag << 32, st.relaxed.gpu); the consumer
+//                 polls the elements it reads until their tag is the stage's (no counter, no fence)
+//   counter+loads   counter, with 32 KB of weight loads per CTA in flight when thread 0 releases (consumed after
+//                 the next wait): does the release wait for them? (patch 22's ATTN slowdown)
+//   counter+loads-w1  the same with warp 0 issuing none of them (patch 23's premise)
+//   ll+loads      ll with the loads in flight (no release: should cost nothing)
+//
+//   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I kernels/csrc bench/probes/sync_probe.cu \
+//        -o /tmp/sync_probe && /tmp/sync_probe
+// Prints one line per mode (us per stage), then a JSON line.
+#include "mk_vendor.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#define NT 512
+#define E 8                 // outputs per CTA per stage
+#define NS 2000             // chained stages
+#define LOADS 4             // 16-byte weight loads per thread in flight at the release (the +loads modes)
+
+enum Mode { COUNTER, COUNTER_NODATA, LL, COUNTER_LOADS, COUNTER_LOADS_W1, LL_LOADS, NMODES };
+static const char* kNames[NMODES] = {"counter", "counter-nodata", "ll", "counter+loads", "counter+loads-w1",
+                                     "ll+loads"};
+
+__device__ float g_sink;
+
+MK_DEV void st_relaxed_u64(unsigned long long* p, unsigned long long v) {
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
+}
+MK_DEV unsigned long long ld_relaxed_u64(const unsigned long long* p) {
+    unsigned long long v;
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+MK_DEV float block_sum(float v, float* scr) {
+#pragma unroll
+    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
+    __syncthreads();
+    if (l == 0) scr[w] = v;
+    __syncthreads();
+    float t = 0.f;
+#pragma unroll
+    for (int i = 0; i < NT / 32; ++i) t += scr[i];
+    return t;
+}
+
+// buf: [2][D] floats (counter modes) or [2][D] u64 (ll modes); ctr: [NS] counters; W: weight buffer (loads modes).
+template <int MODE>
+__global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* llb, unsigned* ctr, const uint4* W,
+                                               size_t wchunks, unsigned long long* out_ns) {
+    __shared__ float scr[NT / 32];
+    const int nb = gridDim.x, D = nb * E;
+    constexpr bool kLL = MODE == LL || MODE == LL_LOADS;
+    constexpr bool kLoads = MODE == COUNTER_LOADS || MODE == COUNTER_LOADS_W1 || MODE == LL_LOADS;
+    const bool loader = kLoads && !(MODE == COUNTER_LOADS_W1 && threadIdx.x < 32);
+    unsigned long long t0 = 0;
+    float carry = 1.f, sink = 0.f;
+    uint4 w[LOADS];
+    for (int s = 0; s < NS; ++s) {
+        if (s == 1 && threadIdx.x == 0) t0 = mk_globaltimer();
+        float acc = 0.f;
+        if (s > 0) {   // consume stage s - 1
+            const int src = (s - 1) & 1;
+            if (kLL) {
+                for (int i = threadIdx.x; i < D; i += NT) {
+                    const unsigned long long* p = llb + (size_t)src * D + i;
+                    unsigned long long v;
+                    do { v = ld_relaxed_u64(p); } while ((unsigned)(v >> 32) != (unsigned)s);
+                    acc += __uint_as_float((unsigned)v);
+                }
+            } else {
+                if (threadIdx.x == 0)
+                    while (mk_ld_acquire(ctr + s - 1) < (unsigned)nb) {}
+                __syncthreads();
+                if (MODE != COUNTER_NODATA)
+                    for (int i = threadIdx.x; i < D; i += NT) acc += mk_ld_cg(buf + (size_t)src * D + i);
+            }
+            if (loader) {
+#pragma unroll
+                for (int j = 0; j < LOADS; ++j) sink += __uint_as_float(w[j].x ^ w[j].w);
+            }
+            carry = block_sum(acc, scr) * 1e-3f + 1.f;
+        }
+        if (loader) {   // weight loads issued now, consumed after the next wait
+            const size_t base = ((size_t)s * nb + blockIdx.x) * NT * LOADS % wchunks;
+#pragma unroll
+            for (int j = 0; j < LOADS; ++j) w[j] = mk_ld_stream16(W + (base + (size_t)j * NT + threadIdx.x) % wchunks);
+        }
+        const int dst = s & 1;
+        if (threadIdx.x < E) {
+            const float v = carry * (1.f + threadIdx.x);
+            if (kLL) {
+                st_relaxed_u64(llb + (size_t)dst * D + blockIdx.x * E + threadIdx.x,
+                               ((unsigned long long)(s + 1) << 32) | __float_as_uint(v));
+            } else {
+                buf[(size_t)dst * D + blockIdx.x * E + threadIdx.x] = v;
+            }
+        }
+        if (!kLL) {
+            __syncthreads();
+            if (threadIdx.x == 0) mk_red_release(ctr + s, 1u);
+        }
+    }
+    if (threadIdx.x == 0 && blockIdx.x == 0) *out_ns = mk_globaltimer() - t0;
+    if (sink == 1.2345f || carry == 1.2345f) g_sink = sink + carry;
+}
+
+int main() {
+    int nsm = 0;
+    cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0);
+    const int D = nsm * E;
+    float* buf;
+    unsigned long long *llb, *ns;
+    unsigned* ctr;
+    uint4* W;
+    const size_t wbytes = (size_t)1 << 30;
+    cudaMalloc(&buf, sizeof(float) * 2 * D);
+    cudaMalloc(&llb, sizeof(unsigned long long) * 2 * D);
+    cudaMalloc(&ctr, sizeof(unsigned) * NS);
+    cudaMalloc(&ns, sizeof(unsigned long long));
+    cudaMalloc(&W, wbytes);
+    cudaMemset(W, 0x3c, wbytes);
+    const size_t wchunks = wbytes / 16;
+    std::string json = "{\"probe\": \"sync\", \"stages\": " + std::to_string(NS) + ", \"modes\": {";
+    printf("%-18s %12s\n", "mode", "us / stage");
+    auto run = [&](auto kern, int mode) {
+        double best = 1e30;
+        for (int rep = 0; rep < 3; ++rep) {
+            cudaMemset(ctr, 0, sizeof(unsigned) * NS);
+            cudaMemset(llb, 0, sizeof(unsigned long long) * 2 * D);
+            void* args[] = {&buf, &llb, &ctr, &W, (void*)&wchunks, &ns};
+            cudaLaunchCooperativeKernel((const void*)kern, dim3(nsm), dim3(NT), args, 0, 0);
+            unsigned long long h = 0;
+            cudaMemcpy(&h, ns, sizeof h, cudaMemcpyDeviceToHost);
+            best = std::min(best, h / 1e3 / (NS - 1));
+        }
+        const cudaError_t e = cudaGetLastError();
+        printf("%-18s %12.3f %s\n", kNames[mode], best, e == cudaSuccess ? "" : cudaGetErrorString(e));
+        char b[96];
+        snprintf(b, sizeof b, "%s\"%s\": %.4f", mode ? ", " : "", kNames[mode], best);
+        json += b;
+    };
+    run(chain<COUNTER>, COUNTER);
+    run(chain<COUNTER_NODATA>, COUNTER_NODATA);
+    run(chain<LL>, LL);
+    run(chain<COUNTER_LOADS>, COUNTER_LOADS);
+    run(chain<COUNTER_LOADS_W1>, COUNTER_LOADS_W1);
+    run(chain<LL_LOADS>, LL_LOADS);
+    printf("%s}}\n", json.c_str());
+    return 0;
+}
