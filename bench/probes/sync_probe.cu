@@ -15,6 +15,8 @@
 //                 the next wait): does the release wait for them? (patch 22's ATTN slowdown)
 //   counter+loads-w1  the same with warp 0 issuing none of them (patch 23's premise)
 //   ll+loads      ll with the loads in flight (no release: should cost nothing)
+//   counter+l2pf  counter, each warp having asked for a 2 KB L2 bulk prefetch (cp.async.bulk.prefetch.L2) just
+//                 before the release (patch 06's mechanism); counter+l2pf-w1: warp 0 asks for none
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I kernels/csrc bench/probes/sync_probe.cu \
 //        -o /tmp/sync_probe && /tmp/sync_probe
@@ -30,9 +32,10 @@
 #define NS 2000             // chained stages
 #define LOADS 4             // 16-byte weight loads per thread in flight at the release (the +loads modes)
 
-enum Mode { COUNTER, COUNTER_NODATA, LL, COUNTER_LOADS, COUNTER_LOADS_W1, LL_LOADS, NMODES };
+enum Mode { COUNTER, COUNTER_NODATA, LL, COUNTER_LOADS, COUNTER_LOADS_W1, LL_LOADS, COUNTER_PF, COUNTER_PF_W1,
+            NMODES };
 static const char* kNames[NMODES] = {"counter", "counter-nodata", "ll", "counter+loads", "counter+loads-w1",
-                                     "ll+loads"};
+                                     "ll+loads", "counter+l2pf", "counter+l2pf-w1"};
 
 __device__ float g_sink;
 
@@ -67,6 +70,8 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
     constexpr bool kLL = MODE == LL || MODE == LL_LOADS;
     constexpr bool kLoads = MODE == COUNTER_LOADS || MODE == COUNTER_LOADS_W1 || MODE == LL_LOADS;
     const bool loader = kLoads && !(MODE == COUNTER_LOADS_W1 && threadIdx.x < 32);
+    constexpr bool kPf = MODE == COUNTER_PF || MODE == COUNTER_PF_W1;
+    const bool prefetcher = kPf && !(MODE == COUNTER_PF_W1 && threadIdx.x < 32);
     unsigned long long t0 = 0;
     float carry = 1.f, sink = 0.f;
     uint4 w[LOADS];
@@ -99,6 +104,10 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
             const size_t base = ((size_t)s * nb + blockIdx.x) * NT * LOADS % wchunks;
 #pragma unroll
             for (int j = 0; j < LOADS; ++j) w[j] = mk_ld_stream16(W + (base + (size_t)j * NT + threadIdx.x) % wchunks);
+        }
+        if (prefetcher && (threadIdx.x & 31) == 0) {   // 2 KB per warp (32 KB per CTA, as the loads) into L2
+            const size_t c = (((size_t)s * nb + blockIdx.x) * (NT / 32) + (threadIdx.x >> 5)) * 128 % (wchunks - 128);
+            mk_prefetch_l2(W + c, 2048);
         }
         const int dst = s & 1;
         if (threadIdx.x < E) {
@@ -160,6 +169,8 @@ int main() {
     run(chain<COUNTER_LOADS>, COUNTER_LOADS);
     run(chain<COUNTER_LOADS_W1>, COUNTER_LOADS_W1);
     run(chain<LL_LOADS>, LL_LOADS);
+    run(chain<COUNTER_PF>, COUNTER_PF);
+    run(chain<COUNTER_PF_W1>, COUNTER_PF_W1);
     printf("%s}}\n", json.c_str());
     return 0;
 }
