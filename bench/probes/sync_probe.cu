@@ -17,6 +17,9 @@
 //   ll+loads      ll with the loads in flight (no release: should cost nothing)
 //   counter+l2pf  counter, each warp having asked for a 2 KB L2 bulk prefetch (cp.async.bulk.prefetch.L2) just
 //                 before the release (patch 06's mechanism); counter+l2pf-w1: warp 0 asks for none
+//   counter+tma   counter, thread 0 having issued a 32 KB bulk copy into shared memory (cp.async.bulk + mbarrier,
+//                 patch 12's stash) just before its release; waited for after the next stage's wait;
+//                 counter+tma-w1: thread 32 issues it
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I kernels/csrc bench/probes/sync_probe.cu \
 //        -o /tmp/sync_probe && /tmp/sync_probe
@@ -33,9 +36,12 @@
 #define LOADS 4             // 16-byte weight loads per thread in flight at the release (the +loads modes)
 
 enum Mode { COUNTER, COUNTER_NODATA, LL, COUNTER_LOADS, COUNTER_LOADS_W1, LL_LOADS, COUNTER_PF, COUNTER_PF_W1,
-            NMODES };
+            COUNTER_TMA, COUNTER_TMA_W1, NMODES };
 static const char* kNames[NMODES] = {"counter", "counter-nodata", "ll", "counter+loads", "counter+loads-w1",
-                                     "ll+loads", "counter+l2pf", "counter+l2pf-w1"};
+                                     "ll+loads", "counter+l2pf", "counter+l2pf-w1", "counter+tma", "counter+tma-w1"};
+#define TMA_BYTES 32768
+
+MK_DEV unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 __device__ float g_sink;
 
@@ -66,6 +72,15 @@ template <int MODE>
 __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* llb, unsigned* ctr, const uint4* W,
                                                size_t wchunks, unsigned long long* out_ns) {
     __shared__ float scr[NT / 32];
+    __shared__ alignas(8) unsigned long long bar;
+    extern __shared__ float4 tma_buf[];   // TMA_BYTES (the +tma modes)
+    constexpr bool kTma = MODE == COUNTER_TMA || MODE == COUNTER_TMA_W1;
+    const bool tma_issuer = kTma && threadIdx.x == (MODE == COUNTER_TMA ? 0 : 32);
+    if (kTma && threadIdx.x == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(&bar)) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
     const int nb = gridDim.x, D = nb * E;
     constexpr bool kLL = MODE == LL || MODE == LL_LOADS;
     constexpr bool kLoads = MODE == COUNTER_LOADS || MODE == COUNTER_LOADS_W1 || MODE == LL_LOADS;
@@ -98,6 +113,13 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
 #pragma unroll
                 for (int j = 0; j < LOADS; ++j) sink += __uint_as_float(w[j].x ^ w[j].w);
             }
+            if (kTma) {   // the previous stage's copy has landed (phase s - 1 of the barrier)
+                unsigned ok = 0;
+                while (!ok)
+                    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                                 "selp.u32 %0, 1, 0, p;\n}"
+                                 : "=r"(ok) : "r"(smem_addr(&bar)), "r"((s - 1) & 1) : "memory");
+            }
             carry = block_sum(acc, scr) * 1e-3f + 1.f;
         }
         if (loader) {   // weight loads issued now, consumed after the next wait
@@ -108,6 +130,13 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
         if (prefetcher && (threadIdx.x & 31) == 0) {   // 2 KB per warp (32 KB per CTA, as the loads) into L2
             const size_t c = (((size_t)s * nb + blockIdx.x) * (NT / 32) + (threadIdx.x >> 5)) * 128 % (wchunks - 128);
             mk_prefetch_l2(W + c, 2048);
+        }
+        if (tma_issuer) {   // 32 KB of weights into shared memory by the bulk-copy engine
+            const size_t c = ((size_t)s * nb + blockIdx.x) * (TMA_BYTES / 16) % (wchunks - TMA_BYTES / 16);
+            asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}"
+                         :: "r"(smem_addr(&bar)), "r"(TMA_BYTES) : "memory");
+            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                         :: "r"(smem_addr(tma_buf)), "l"(W + c), "r"(TMA_BYTES), "r"(smem_addr(&bar)) : "memory");
         }
         const int dst = s & 1;
         if (threadIdx.x < E) {
@@ -125,6 +154,12 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
         }
     }
     if (threadIdx.x == 0 && blockIdx.x == 0) *out_ns = mk_globaltimer() - t0;
+    if (kTma) {   // no bulk copy may still be landing when the CTA exits
+        unsigned ok = 0;
+        while (!ok)
+            asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                         "selp.u32 %0, 1, 0, p;\n}" : "=r"(ok) : "r"(smem_addr(&bar)), "r"((NS - 1) & 1) : "memory");
+    }
     if (sink == 1.2345f || carry == 1.2345f) g_sink = sink + carry;
 }
 
@@ -152,7 +187,9 @@ int main() {
             cudaMemset(ctr, 0, sizeof(unsigned) * NS);
             cudaMemset(llb, 0, sizeof(unsigned long long) * 2 * D);
             void* args[] = {&buf, &llb, &ctr, &W, (void*)&wchunks, &ns};
-            cudaLaunchCooperativeKernel((const void*)kern, dim3(nsm), dim3(NT), args, 0, 0);
+            const size_t smem = mode == COUNTER_TMA || mode == COUNTER_TMA_W1 ? TMA_BYTES : 0;
+            cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+            cudaLaunchCooperativeKernel((const void*)kern, dim3(nsm), dim3(NT), args, smem, 0);
             unsigned long long h = 0;
             cudaMemcpy(&h, ns, sizeof h, cudaMemcpyDeviceToHost);
             best = std::min(best, h / 1e3 / (NS - 1));
@@ -171,6 +208,8 @@ int main() {
     run(chain<LL_LOADS>, LL_LOADS);
     run(chain<COUNTER_PF>, COUNTER_PF);
     run(chain<COUNTER_PF_W1>, COUNTER_PF_W1);
+    run(chain<COUNTER_TMA>, COUNTER_TMA);
+    run(chain<COUNTER_TMA_W1>, COUNTER_TMA_W1);
     printf("%s}}\n", json.c_str());
     return 0;
 }
