@@ -4,8 +4,8 @@
 // bench/NOTES.md): no faster than from DRAM. This probe separates the two costs.
 //
 // Modes (each times R rows per CTA, median / max over CTAs of the matvec alone, then GB/s per SM and for the GPU):
-//   dram      the monokernel's one-set loop: 2 items x U = 4 chunks per lane, loads then 8-FMA chains, a 5-shuffle
-//             reduction per item (mk_matvec.cuh's arithmetic, streaming loads)
+//   dram      the monokernel's one-set loop before patch 17: 2 items x U = 4 chunks per lane, loads then 8-FMA
+//             chains, a 5-shuffle reduction per item (streaming loads)
 //   smem      the same loop reading rows already in shared memory (16-byte shared loads)
 //   smem-ilp  shared memory, each dot8 as two 4-FMA chains and one accumulator per chunk (no chain across chunks)
 //   smem-tr   shared memory, lane partials of 32 items kept in registers and reduced together by a transposed
@@ -64,7 +64,7 @@ MK_DEV uint4 load_chunk(const mk_bf16* g, unsigned s, int r, int K, int c) {
     return mk_ld_stream16(g + (size_t)r * K + (size_t)c * 8);
 }
 
-// mode 0: the monokernel's loop (chain dot8, reduction per item); 1: ILP dot; 2: ILP dot + transposed reduction;
+// mode 0: the monokernel's loop before patch 17 (chain dot8, reduction per item); 1: ILP dot; 2: ILP dot + transposed reduction;
 // 3: row pairs sharing swizzled activation loads.
 template <bool SMEM, int MODE>
 MK_DEV void matvec(const mk_bf16* g, unsigned s, int R, int K, const float* sv, float* red) {
