@@ -1,6 +1,7 @@
 // Attention partial over a position split, K/V append, last-finisher combine.
 // Included by monokernel.cu only (one translation unit); relies on its includes and defines.
 #pragma once
+#include "mk_attn_loop.cuh"
 
 // ---------------------------------------------------------------- attention
 // Attention position splits in use at context length n (the rest only take their ticket): fewer, longer
@@ -44,12 +45,9 @@ MK_DEV void attn_prefetch(const MkParams& p, const int* ins, int pos, float* sm)
 // have positions; split S_eff - 1 (the one holding position pos) appends this step's K/V. The last split to
 // finish (ticket) combines the partials into attn[] and bumps ATTN_DONE.
 //
-// The whole CTA works on one chunk of staged positions at a time (chunk 0 was copied before the wait):
-//   scores:  one thread per (q head, position) dot product, K row words read rotated by the position so the 32
-//            lanes of a warp hit 32 different banks;
-//   softmax: one warp per q head: chunk max, running max, weights e = exp(s - max) in place, running sum;
-//   values:  one thread per (q head, pair of dims) accumulates sum_p e_p v_p over the chunk.
-// No serial per-position chain and no cross-warp merge (v1 had both: 5 dependent positions per warp, each with a
+// The whole CTA works on one chunk of staged positions at a time (chunk 0 was copied before the wait), in three
+// phases (mk_attn_loop.cuh): scores, one thread per (q head, position); softmax, one warp per q head; values, one
+// thread per (q head, pair of dims). No serial per-position chain and no cross-warp merge (v1 had both: 5 dependent positions per warp, each with a
 // warp reduction per q head, then a merge of 16 warp partials).
 template <int HD>
 MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos, float* sm, int* sflag) {
@@ -65,7 +63,6 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
     mk_bf16* stv = stk + (size_t)cap * HD;        // [cap][HD] bf16
     float* sc = sm + p.sm_kv + (size_t)cap * HD;  // [MAX_GROUP][cap] scores, then weights
     float* sml = sc + (size_t)MK_MAX_GROUP * cap; // [3][MAX_GROUP] running max, running sum, chunk correction
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const size_t row0 = ((size_t)layer * p.n_kv + head) * (size_t)p.max_len;
     mk_bf16* kc = p.k_cache + row0 * HD;
     mk_bf16* vc = p.v_cache + row0 * HD;
@@ -114,58 +111,11 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
                 mk_cp_async_wait_all();
                 __syncthreads();
             }
-            for (int t = threadIdx.x; t < g * C; t += NT) {
-                const int j = t / C, pp = t - j * C;
-                const unsigned* kr = (const unsigned*)(stk + (size_t)pp * HD);
-                const float* qj = sq + j * HD;
-                float s0 = 0.f, s1 = 0.f;
-#pragma unroll 8
-                for (int w = 0; w < W; ++w) {
-                    const int ww = (w + pp) & (W - 1);
-                    const unsigned u = kr[ww];
-                    const float2 qq = *(const float2*)(qj + 2 * ww);
-                    s0 += qq.x * __uint_as_float(u << 16);
-                    s1 += qq.y * __uint_as_float(u & 0xffff0000u);
-                }
-                sc[j * cap + pp] = s0 + s1;
-            }
+            attn_scores<HD>(sq, stk, sc, g, C, cap);
             __syncthreads();
-            if (warp < g) {
-                float* sj = sc + warp * cap;
-                float mx = -INFINITY;
-                for (int pp = lane; pp < C; pp += 32) mx = fmaxf(mx, sj[pp]);
-                mx = warp_max(mx);
-                const float m_old = sml[warp], m_new = fmaxf(m_old, mx);
-                float sum = 0.f;
-                for (int pp = lane; pp < C; pp += 32) {
-                    const float e = expf(sj[pp] - m_new);
-                    sj[pp] = e;
-                    sum += e;
-                }
-                sum = warp_sum(sum);
-                if (lane == 0) {
-                    const float corr = expf(m_old - m_new);   // 0 on the first chunk (m_old = -inf)
-                    sml[warp] = m_new;
-                    sml[MK_MAX_GROUP + warp] = sml[MK_MAX_GROUP + warp] * corr + sum;
-                    sml[2 * MK_MAX_GROUP + warp] = corr;
-                }
-            }
+            attn_softmax(sc, sml, g, C, cap);
             __syncthreads();
-            if (owner) {
-                const float* ej = sc + oj * cap;
-                const mk_bf16* vcol = stv + od;
-                float b0 = 0.f, b1 = 0.f;
-#pragma unroll 4
-                for (int pp = 0; pp < C; ++pp) {
-                    const unsigned u = *(const unsigned*)(vcol + (size_t)pp * HD);
-                    const float e = ej[pp];
-                    b0 += e * __uint_as_float(u << 16);
-                    b1 += e * __uint_as_float(u & 0xffff0000u);
-                }
-                const float corr = sml[2 * MK_MAX_GROUP + oj];
-                a0 = a0 * corr + b0;
-                a1 = a1 * corr + b1;
-            }
+            if (owner) attn_values<HD>(sc, stv, sml, oj, od, C, cap, a0, a1);
         }
         trace(p, step, ii, 5);   // every position done
         float* part = p.part + (size_t)(head * S + split) * g * (HD + 2);
