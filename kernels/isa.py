@@ -42,6 +42,7 @@ NWARPS = NTHREADS // 32
 MV_UNROLL = 4              # 16-byte chunks per lane per matvec item (loads in flight per lane)
 MV_UNROLL_PIPE = 3         # the same for the two-register-set (pipelined) matvec: both sets fit 128 registers
 MAX_GROUP = 8              # q heads per kv head an ATTN instruction handles
+KPAD = 8                   # bf16 padding per staged K row (conflict-free 16-byte reads, mk_attn_loop.cuh)
 MAX_SPLITS = 64
 SMEM_RED_FLOATS = 8192     # matvec partial sums per instruction: rows x items_per_row must fit
 
@@ -184,6 +185,7 @@ def render_header() -> str:
         f"#define MK_MV_UNROLL_PIPE {MV_UNROLL_PIPE}",
         f"#define MK_TRACE_WORDS {TRACE_WORDS}",
         f"#define MK_MAX_GROUP {MAX_GROUP}",
+        f"#define MK_KPAD {KPAD}",
         f"#define MK_MAX_SPLITS {MAX_SPLITS}",
         f"#define MK_SMEM_RED_FLOATS {SMEM_RED_FLOATS}",
         f"#define MK_STATUS_STOP {STATUS_STOP}",

@@ -128,20 +128,20 @@ class Monokernel:
         props = torch.cuda.get_device_properties(dev)
         self.n_sm = n_sm or props.multi_processor_count
         self.sched: Schedule = sched if sched is not None else build_schedule(self.dims, self.n_sm)
-        # Attention staging after the working buffers (mk_attention.cuh): per position its K and V rows (bf16) and
-        # MAX_GROUP scores, then 3 x MAX_GROUP running softmax values. A split's first chunk of positions is copied
+        # Attention staging after the working buffers (mk_attention.cuh): per position its K row (bf16, padded by
+        # KPAD) and V row (bf16) and MAX_GROUP scores. A split's first chunk of positions is copied
         # in before its wait (attn_prefetch); longer splits go through it in chunks of kv_stage_pos positions.
         # Capacity: max(128, max_len / n_splits) positions, bounded by the SM's shared memory.
         max_len = k_cache.shape[3]
         self.sm_kv = -(-self.sched.smem_bytes() // 16) * 4   # float offset, 16-byte aligned
-        self._stage_row_bytes = 4 * self.cfg.head_dim + 4 * isa.MAX_GROUP
+        self._stage_row_bytes = 4 * self.cfg.head_dim + 2 * isa.KPAD + 4 * isa.MAX_GROUP
         optin = getattr(props, "shared_memory_per_block_optin", 227 * 1024) - 1024   # static smem headroom
-        fit = (optin - 4 * self.sm_kv - 12 * isa.MAX_GROUP) // self._stage_row_bytes
+        fit = (optin - 4 * self.sm_kv) // self._stage_row_bytes
         if fit < 16:
             raise RuntimeError(f"monokernel: no shared memory left for attention staging ({fit} positions)")
         self.stage_capacity = min(max(128, -(-max_len // self.sched.n_splits)), fit)
         self.kv_stage_pos = self.stage_capacity
-        self.stage_floats = (self.stage_capacity * self._stage_row_bytes + 12 * isa.MAX_GROUP) // 4
+        self.stage_floats = self.stage_capacity * self._stage_row_bytes // 4
         self.smem = 4 * (self.sm_kv + self.stage_floats)
         occ = ctypes.c_int(0)
         _check(lib, lib.mk_occupancy(self.smem, ctypes.byref(occ)), "occupancy")

@@ -18,11 +18,13 @@ MK_DEV void attn_span(const MkParams& p, int split, int n, int& p0, int& p1) {
 }
 
 // Copy `rows` K and V cache rows (from gk / gv) into the staging buffers (cp.async; the caller waits + syncs).
+// Staged K rows are HD + MK_KPAD bf16 apart (mk_attn_loop.cuh), V rows HD.
 template <int HD>
 MK_DEV void attn_stage(const mk_bf16* gk, const mk_bf16* gv, mk_bf16* sk, mk_bf16* sv, int rows) {
     constexpr int CPR = HD * 2 / 16;   // 16-byte chunks per row
     for (int c = threadIdx.x; c < rows * CPR; c += NT) {
-        mk_cp_async16(sk + c * 8, gk + c * 8);
+        const int r = c / CPR;
+        mk_cp_async16(sk + c * 8 + r * MK_KPAD, gk + c * 8);
         mk_cp_async16(sv + c * 8, gv + c * 8);
     }
 }
@@ -38,20 +40,20 @@ MK_DEV void attn_prefetch(const MkParams& p, const int* ins, int pos, float* sm)
     if (rows <= 0) return;
     const size_t row0 = ((size_t)ins[MK_F_LAYER] * p.n_kv + ins[MK_F_A0]) * (size_t)p.max_len + p0;
     mk_bf16* sk = (mk_bf16*)(sm + p.sm_kv);
-    attn_stage<HD>(p.k_cache + row0 * HD, p.v_cache + row0 * HD, sk, sk + (size_t)p.kv_stage_pos * HD, rows);
+    attn_stage<HD>(p.k_cache + row0 * HD, p.v_cache + row0 * HD, sk, sk + (size_t)p.kv_stage_pos * (HD + MK_KPAD),
+                   rows);
 }
 
 // One (kv head, split) partial over positions [p0, p1) of pos + 1. Only the first S_eff = attn_splits(n) splits
 // have positions; split S_eff - 1 (the one holding position pos) appends this step's K/V. The last split to
 // finish (ticket) combines the partials into attn[] and bumps ATTN_DONE.
 //
-// The whole CTA works on one chunk of staged positions at a time (chunk 0 was copied before the wait), in three
-// phases (mk_attn_loop.cuh): scores, one thread per (q head, position); softmax, one warp per q head; values, one
-// thread per (q head, pair of dims). No serial per-position chain and no cross-warp merge (v1 had both: 5 dependent positions per warp, each with a
-// warp reduction per q head, then a merge of 16 warp partials).
+// The whole CTA works on one chunk of staged positions at a time (chunk 0 was copied before the wait), in two
+// phases (mk_attn_loop.cuh): scores, one thread per (q head, position); then one warp per q head turns its scores
+// into softmax weights and sums the weighted V rows (no block barrier between the two).
 template <int HD>
 MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos, float* sm, int* sflag) {
-    constexpr int HALF = HD / 2, W = HD / 2;   // W: bf16 pairs per row
+    constexpr int HALF = HD / 2;
     const int layer = ins[MK_F_LAYER], head = ins[MK_F_A0], split = ins[MK_F_A1];
     const int g = p.group, S = p.n_splits;
     const int n = pos + 1;
@@ -59,10 +61,9 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
     int p0, p1;
     attn_span(p, split, n, p0, p1);
     const int cap = p.kv_stage_pos;               // staged positions per chunk (>= 1)
-    mk_bf16* stk = (mk_bf16*)(sm + p.sm_kv);      // [cap][HD] bf16
-    mk_bf16* stv = stk + (size_t)cap * HD;        // [cap][HD] bf16
-    float* sc = sm + p.sm_kv + (size_t)cap * HD;  // [MAX_GROUP][cap] scores, then weights
-    float* sml = sc + (size_t)MK_MAX_GROUP * cap; // [3][MAX_GROUP] running max, running sum, chunk correction
+    mk_bf16* stk = (mk_bf16*)(sm + p.sm_kv);                 // [cap][HD + MK_KPAD] bf16
+    mk_bf16* stv = stk + (size_t)cap * (HD + MK_KPAD);       // [cap][HD] bf16
+    float* sc = sm + p.sm_kv + (size_t)cap * (HD + MK_KPAD / 2);   // [MAX_GROUP][cap] scores, then weights
     const size_t row0 = ((size_t)layer * p.n_kv + head) * (size_t)p.max_len;
     mk_bf16* kc = p.k_cache + row0 * HD;
     mk_bf16* vc = p.v_cache + row0 * HD;
@@ -87,22 +88,18 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
                 kc[(size_t)pos * HD + i] = kb;
                 vc[(size_t)pos * HD + i] = vb;
                 if (pos - p0 < cap) {   // this step's row joins the staged chunk 0
-                    stk[(size_t)(pos - p0) * HD + i] = kb;
+                    stk[(size_t)(pos - p0) * (HD + MK_KPAD) + i] = kb;
                     stv[(size_t)(pos - p0) * HD + i] = vb;
                 }
             }
         }
-        if (threadIdx.x < MK_MAX_GROUP) {
-            sml[threadIdx.x] = -INFINITY;
-            sml[MK_MAX_GROUP + threadIdx.x] = 0.f;
-        }
         mk_cp_async_wait_all();   // this thread's staged K/V rows; the barrier publishes everyone's
         __syncthreads();
         trace(p, step, ii, 4);   // rotated q (and this step's K/V) ready
-        // Output ownership: thread t accumulates dims (od, od + 1) of q head oj (g * HD / 2 <= 512 = NT).
-        const int oj = threadIdx.x / W, od = 2 * (threadIdx.x - oj * W);
-        const bool owner = oj < g;
-        float a0 = 0.f, a1 = 0.f;
+        // Warp j < g owns q head j and its partial record (max, denominator, HD weighted sums), which also holds
+        // the running state between chunks (attn_head_values).
+        const int warp = threadIdx.x >> 5;
+        float* part = p.part + (size_t)(head * S + split) * g * (HD + 2);
         for (int c0 = p0; c0 < p1; c0 += cap) {
             const int C = min(cap, p1 - c0);
             if (c0 > p0) {   // a later chunk: after every reader of the previous one, copy it in
@@ -113,20 +110,9 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
             }
             attn_scores<HD>(sq, stk, sc, g, C, cap);
             __syncthreads();
-            attn_softmax(sc, sml, g, C, cap);
-            __syncthreads();
-            if (owner) attn_values<HD>(sc, stv, sml, oj, od, C, cap, a0, a1);
+            if (warp < g) attn_head_values<HD>(sc, stv, C, cap, part + warp * (HD + 2), c0 == p0);
         }
         trace(p, step, ii, 5);   // every position done
-        float* part = p.part + (size_t)(head * S + split) * g * (HD + 2);
-        if (owner) {
-            part[oj * (HD + 2) + 2 + od] = a0;
-            part[oj * (HD + 2) + 3 + od] = a1;
-        }
-        if (threadIdx.x < g) {
-            part[threadIdx.x * (HD + 2)] = sml[threadIdx.x];
-            part[threadIdx.x * (HD + 2) + 1] = sml[MK_MAX_GROUP + threadIdx.x];
-        }
         __syncthreads();
     }   // split < S_eff
     if (threadIdx.x == 0) {   // acq_rel: publishes this partial, and the last taker sees every other one

@@ -27,6 +27,7 @@
 #define MK_MV_UNROLL_PIPE 3
 #define MK_TRACE_WORDS 6
 #define MK_MAX_GROUP 8
+#define MK_KPAD 8
 #define MK_MAX_SPLITS 64
 #define MK_SMEM_RED_FLOATS 8192
 #define MK_STATUS_STOP 0
