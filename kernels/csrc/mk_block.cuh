@@ -121,6 +121,27 @@ MK_DEV void load_vec(float* dst, const float* src, int n) {
 }
 
 // dst = RMSNorm(src) * w, fp32, n % 4 == 0, dst swizzled (svx). Ends synced.
+// The RMSNorm input of a matvec with the scale left to its outputs (the matvec is linear): dst = src * w (swizzled)
+// and the warps' partial sums of squares in scr[0 .. NW); returns rsqrt(mean(src^2) + eps), the factor of every
+// output row. One pass and one barrier, where norm_vec needs three barriers and a second pass that reads w only
+// after the reduction. Ends synced.
+MK_DEV float norm_vec_scale(float* dst, const float* src, const float* w, int n, float eps, float* scr) {
+    float ss = 0.f;
+    for (int i = threadIdx.x * 4; i < n; i += NT * 4) {
+        const float4 a = mk_ld_cg4((const float4*)(src + i));
+        const float4 g = *(const float4*)(w + i);
+        *(float4*)(dst + svx(i)) = make_float4(a.x * g.x, a.y * g.y, a.z * g.z, a.w * g.w);
+        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+    }
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) scr[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float t = 0.f;
+#pragma unroll
+    for (int k = 0; k < NW; ++k) t += scr[k];
+    return rsqrtf(t / (float)n + eps);
+}
+
 MK_DEV void norm_vec(float* dst, const float* src, const float* w, int n, float eps, float* scr) {
     float ss = 0.f;
     for (int i = threadIdx.x * 4; i < n; i += NT * 4) {

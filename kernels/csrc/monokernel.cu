@@ -124,11 +124,11 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             trace(p, step, ii, 1);
             switch (op) {
             case MK_OP_QKV: {
-                xr_norm(p, sv, Lw.ln1, op, layer, scr);
+                const float rs = xr_norm(p, sv, Lw.ln1, op, layer, scr);
                 trace(p, step, ii, 3);
                 matvec(m, R, K, sv, red, out, w, cb, pre);
                 for (int r = threadIdx.x; r < a1; r += NT)
-                    p.qkv[a0 + r] = out[r] + (Lw.bqkv ? Lw.bqkv[a0 + r] : 0.f);
+                    p.qkv[a0 + r] = out[r] * rs + (Lw.bqkv ? Lw.bqkv[a0 + r] : 0.f);
                 break;
             }
             case MK_OP_ATTN:
@@ -145,12 +145,12 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
                 break;
             }
             case MK_OP_GATEUP: {
-                xr_norm(p, sv, Lw.ln2, op, layer, scr);
+                const float rs = xr_norm(p, sv, Lw.ln2, op, layer, scr);
                 trace(p, step, ii, 3);
                 matvec(m, R, K, sv, red, out, w, cb, pre);
                 for (int r = threadIdx.x; r < a1; r += NT) {
-                    const float gt = out[r];
-                    p.h[a0 + r] = gt / (1.f + expf(-gt)) * out[a1 + r];
+                    const float gt = out[r] * rs;
+                    p.h[a0 + r] = gt / (1.f + expf(-gt)) * (out[a1 + r] * rs);
                 }
                 break;
             }
@@ -163,7 +163,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
                 break;
             }
             case MK_OP_LMHEAD: {
-                xr_norm(p, sv, p.final_norm, op, layer, scr);
+                xr_norm(p, sv, p.final_norm, op, layer, scr);   // returns 1 at the LM head
                 trace(p, step, ii, 3);
                 matvec(m, R, K, sv, red, out, w, cb, pre);
                 if (p.logits_out)
