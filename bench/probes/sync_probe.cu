@@ -20,6 +20,11 @@
 //   counter+tma   counter, thread 0 having issued a 32 KB bulk copy into shared memory (cp.async.bulk + mbarrier,
 //                 patch 12's stash) just before its release; waited for after the next stage's wait;
 //                 counter+tma-w1: thread 32 issues it
+//   loads/deep/l2pf sweeps (session 7): 8, 16 and 32 KB per CTA in flight at the release, consumed after the next
+//                 wait (loads), two stages later (deep: their latency is never on the chain, only their traffic),
+//                 or fire-and-forget L2 prefetches (l2pf). If deep costs what loads cost, DRAM traffic itself slows
+//                 the handoff (its L2 round trips queue behind the stream); if deep is free, only a consumer
+//                 that needs its loads right after the wait pays.
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I kernels/csrc bench/probes/sync_probe.cu \
 //        -o /tmp/sync_probe && /tmp/sync_probe
@@ -33,12 +38,10 @@
 #define NT 512
 #define E 8                 // outputs per CTA per stage
 #define NS 2000             // chained stages
-#define LOADS 4             // 16-byte weight loads per thread in flight at the release (the +loads modes)
-
+// NL: 16-byte weight loads per thread in flight at the release (the loads modes: 8 KB per CTA per unit);
+// the l2pf modes ask for NL x 512 bytes per warp (the same bytes per CTA).
 enum Mode { COUNTER, COUNTER_NODATA, LL, COUNTER_LOADS, COUNTER_LOADS_W1, LL_LOADS, COUNTER_PF, COUNTER_PF_W1,
-            COUNTER_TMA, COUNTER_TMA_W1, NMODES };
-static const char* kNames[NMODES] = {"counter", "counter-nodata", "ll", "counter+loads", "counter+loads-w1",
-                                     "ll+loads", "counter+l2pf", "counter+l2pf-w1", "counter+tma", "counter+tma-w1"};
+            COUNTER_TMA, COUNTER_TMA_W1, COUNTER_DEEP };
 #define TMA_BYTES 32768
 
 MK_DEV unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
@@ -68,7 +71,7 @@ MK_DEV float block_sum(float v, float* scr) {
 }
 
 // buf: [2][D] floats (counter modes) or [2][D] u64 (ll modes); ctr: [NS] counters; W: weight buffer (loads modes).
-template <int MODE>
+template <int MODE, int NL = 4>
 __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* llb, unsigned* ctr, const uint4* W,
                                                size_t wchunks, unsigned long long* out_ns) {
     __shared__ float scr[NT / 32];
@@ -83,13 +86,14 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
     __syncthreads();
     const int nb = gridDim.x, D = nb * E;
     constexpr bool kLL = MODE == LL || MODE == LL_LOADS;
-    constexpr bool kLoads = MODE == COUNTER_LOADS || MODE == COUNTER_LOADS_W1 || MODE == LL_LOADS;
+    constexpr bool kDeep = MODE == COUNTER_DEEP;
+    constexpr bool kLoads = MODE == COUNTER_LOADS || MODE == COUNTER_LOADS_W1 || MODE == LL_LOADS || kDeep;
     const bool loader = kLoads && !(MODE == COUNTER_LOADS_W1 && threadIdx.x < 32);
     constexpr bool kPf = MODE == COUNTER_PF || MODE == COUNTER_PF_W1;
     const bool prefetcher = kPf && !(MODE == COUNTER_PF_W1 && threadIdx.x < 32);
     unsigned long long t0 = 0;
     float carry = 1.f, sink = 0.f;
-    uint4 w[LOADS];
+    uint4 w[NL], w2[NL];   // w2: the deep mode's second set (consumed two stages after its issue)
     for (int s = 0; s < NS; ++s) {
         if (s == 1 && threadIdx.x == 0) t0 = mk_globaltimer();
         float acc = 0.f;
@@ -109,9 +113,10 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
                 if (MODE != COUNTER_NODATA)
                     for (int i = threadIdx.x; i < D; i += NT) acc += mk_ld_cg(buf + (size_t)src * D + i);
             }
-            if (loader) {
+            if (loader && (!kDeep || s >= 2)) {   // deep: the set issued at stage s - 2
 #pragma unroll
-                for (int j = 0; j < LOADS; ++j) sink += __uint_as_float(w[j].x ^ w[j].w);
+                for (int j = 0; j < NL; ++j)
+                    sink += kDeep && (s & 1) ? __uint_as_float(w2[j].x ^ w2[j].w) : __uint_as_float(w[j].x ^ w[j].w);
             }
             if (kTma) {   // the previous stage's copy has landed (phase s - 1 of the barrier)
                 unsigned ok = 0;
@@ -122,14 +127,18 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
             }
             carry = block_sum(acc, scr) * 1e-3f + 1.f;
         }
-        if (loader) {   // weight loads issued now, consumed after the next wait
-            const size_t base = ((size_t)s * nb + blockIdx.x) * NT * LOADS % wchunks;
+        if (loader) {   // weight loads issued now, consumed after the next wait (deep: two stages later)
+            const size_t base = ((size_t)s * nb + blockIdx.x) * NT * NL % wchunks;
 #pragma unroll
-            for (int j = 0; j < LOADS; ++j) w[j] = mk_ld_stream16(W + (base + (size_t)j * NT + threadIdx.x) % wchunks);
+            for (int j = 0; j < NL; ++j) {
+                const uint4 v = mk_ld_stream16(W + (base + (size_t)j * NT + threadIdx.x) % wchunks);
+                if (kDeep && (s & 1)) w2[j] = v;
+                else w[j] = v;
+            }
         }
-        if (prefetcher && (threadIdx.x & 31) == 0) {   // 2 KB per warp (32 KB per CTA, as the loads) into L2
-            const size_t c = (((size_t)s * nb + blockIdx.x) * (NT / 32) + (threadIdx.x >> 5)) * 128 % (wchunks - 128);
-            mk_prefetch_l2(W + c, 2048);
+        if (prefetcher && (threadIdx.x & 31) == 0) {   // NL x 512 bytes per warp (as the loads per CTA) into L2
+            const size_t c = (((size_t)s * nb + blockIdx.x) * (NT / 32) + (threadIdx.x >> 5)) * 32 * NL % (wchunks - 128);
+            mk_prefetch_l2(W + c, 512 * NL);
         }
         if (tma_issuer) {   // 32 KB of weights into shared memory by the bulk-copy engine
             const size_t c = ((size_t)s * nb + blockIdx.x) * (TMA_BYTES / 16) % (wchunks - TMA_BYTES / 16);
@@ -181,7 +190,8 @@ int main() {
     const size_t wchunks = wbytes / 16;
     std::string json = "{\"probe\": \"sync\", \"stages\": " + std::to_string(NS) + ", \"modes\": {";
     printf("%-18s %12s\n", "mode", "us / stage");
-    auto run = [&](auto kern, int mode) {
+    bool first = true;
+    auto run = [&](auto kern, int mode, const char* name) {
         double best = 1e30;
         for (int rep = 0; rep < 3; ++rep) {
             cudaMemset(ctr, 0, sizeof(unsigned) * NS);
@@ -195,21 +205,29 @@ int main() {
             best = std::min(best, h / 1e3 / (NS - 1));
         }
         const cudaError_t e = cudaGetLastError();
-        printf("%-18s %12.3f %s\n", kNames[mode], best, e == cudaSuccess ? "" : cudaGetErrorString(e));
+        printf("%-18s %12.3f %s\n", name, best, e == cudaSuccess ? "" : cudaGetErrorString(e));
         char b[96];
-        snprintf(b, sizeof b, "%s\"%s\": %.4f", mode ? ", " : "", kNames[mode], best);
+        snprintf(b, sizeof b, "%s\"%s\": %.4f", first ? "" : ", ", name, best);
+        first = false;
         json += b;
     };
-    run(chain<COUNTER>, COUNTER);
-    run(chain<COUNTER_NODATA>, COUNTER_NODATA);
-    run(chain<LL>, LL);
-    run(chain<COUNTER_LOADS>, COUNTER_LOADS);
-    run(chain<COUNTER_LOADS_W1>, COUNTER_LOADS_W1);
-    run(chain<LL_LOADS>, LL_LOADS);
-    run(chain<COUNTER_PF>, COUNTER_PF);
-    run(chain<COUNTER_PF_W1>, COUNTER_PF_W1);
-    run(chain<COUNTER_TMA>, COUNTER_TMA);
-    run(chain<COUNTER_TMA_W1>, COUNTER_TMA_W1);
+    run(chain<COUNTER>, COUNTER, "counter");
+    run(chain<COUNTER_NODATA>, COUNTER_NODATA, "counter-nodata");
+    run(chain<LL>, LL, "ll");
+    run(chain<COUNTER_LOADS, 1>, COUNTER_LOADS, "counter+loads8k");
+    run(chain<COUNTER_LOADS, 2>, COUNTER_LOADS, "counter+loads16k");
+    run(chain<COUNTER_LOADS>, COUNTER_LOADS, "counter+loads");
+    run(chain<COUNTER_LOADS_W1>, COUNTER_LOADS_W1, "counter+loads-w1");
+    run(chain<LL_LOADS>, LL_LOADS, "ll+loads");
+    run(chain<COUNTER_DEEP, 1>, COUNTER_DEEP, "counter+deep8k");
+    run(chain<COUNTER_DEEP, 2>, COUNTER_DEEP, "counter+deep16k");
+    run(chain<COUNTER_DEEP>, COUNTER_DEEP, "counter+deep32k");
+    run(chain<COUNTER_PF, 1>, COUNTER_PF, "counter+l2pf8k");
+    run(chain<COUNTER_PF, 2>, COUNTER_PF, "counter+l2pf16k");
+    run(chain<COUNTER_PF>, COUNTER_PF, "counter+l2pf");
+    run(chain<COUNTER_PF_W1>, COUNTER_PF_W1, "counter+l2pf-w1");
+    run(chain<COUNTER_TMA>, COUNTER_TMA, "counter+tma");
+    run(chain<COUNTER_TMA_W1>, COUNTER_TMA_W1, "counter+tma-w1");
     printf("%s}}\n", json.c_str());
     return 0;
 }
