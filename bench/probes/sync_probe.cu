@@ -214,17 +214,17 @@ int main() {
     run(chain<COUNTER>, COUNTER, "counter");
     run(chain<COUNTER_NODATA>, COUNTER_NODATA, "counter-nodata");
     run(chain<LL>, LL, "ll");
-    run(chain<COUNTER_LOADS, 1>, COUNTER_LOADS, "counter+loads8k");
-    run(chain<COUNTER_LOADS, 2>, COUNTER_LOADS, "counter+loads16k");
-    run(chain<COUNTER_LOADS>, COUNTER_LOADS, "counter+loads");
+    // 8, 16 and 32 KB per CTA in flight (NL = 1, 2, 4); the 32 KB rows are the session-6 modes of the same name
+    auto sweep = [&](auto k8, auto k16, auto k32, int mode, const std::string& name) {
+        run(k8, mode, (name + "8k").c_str());
+        run(k16, mode, (name + "16k").c_str());
+        run(k32, mode, name.c_str());
+    };
+    sweep(chain<COUNTER_LOADS, 1>, chain<COUNTER_LOADS, 2>, chain<COUNTER_LOADS>, COUNTER_LOADS, "counter+loads");
+    sweep(chain<COUNTER_DEEP, 1>, chain<COUNTER_DEEP, 2>, chain<COUNTER_DEEP>, COUNTER_DEEP, "counter+deep");
+    sweep(chain<COUNTER_PF, 1>, chain<COUNTER_PF, 2>, chain<COUNTER_PF>, COUNTER_PF, "counter+l2pf");
     run(chain<COUNTER_LOADS_W1>, COUNTER_LOADS_W1, "counter+loads-w1");
     run(chain<LL_LOADS>, LL_LOADS, "ll+loads");
-    run(chain<COUNTER_DEEP, 1>, COUNTER_DEEP, "counter+deep8k");
-    run(chain<COUNTER_DEEP, 2>, COUNTER_DEEP, "counter+deep16k");
-    run(chain<COUNTER_DEEP>, COUNTER_DEEP, "counter+deep32k");
-    run(chain<COUNTER_PF, 1>, COUNTER_PF, "counter+l2pf8k");
-    run(chain<COUNTER_PF, 2>, COUNTER_PF, "counter+l2pf16k");
-    run(chain<COUNTER_PF>, COUNTER_PF, "counter+l2pf");
     run(chain<COUNTER_PF_W1>, COUNTER_PF_W1, "counter+l2pf-w1");
     run(chain<COUNTER_TMA>, COUNTER_TMA, "counter+tma");
     run(chain<COUNTER_TMA_W1>, COUNTER_TMA_W1, "counter+tma-w1");
