@@ -244,22 +244,20 @@ MK_DEV bool xr_wait(const MkParams& p, const int* ins, int step, int* sflag) {
 // Returns the factor the matvec's outputs still need: with nothing pending (one GPU, tp = 1, the first stage), QKV
 // and GATEUP leave the RMS scale to their outputs (norm_vec_scale); everywhere else dst is fully normalised and the
 // factor is 1.
+MK_DEV float xr_norm_of_x(const MkParams& p, float* dst, const float* w, int op, float* scr) {
+    if (op != MK_OP_LMHEAD) return norm_vec_scale(dst, p.x, w, p.d, p.eps, scr);
+    norm_vec(dst, p.x, w, p.d, p.eps, scr);
+    return 1.f;
+}
+
 MK_DEV float xr_norm(const MkParams& p, float* dst, const float* w, int op, int layer, float* scr) {
-    if (!kTP) {
-        if (op != MK_OP_LMHEAD) return norm_vec_scale(dst, p.x, w, p.d, p.eps, scr);
-        norm_vec(dst, p.x, w, p.d, p.eps, scr);
-        return 1.f;
-    }
+    if (!kTP) return xr_norm_of_x(p, dst, w, op, scr);
     if (p.lane_mode != nullptr && (op != MK_OP_QKV || layer > 0)) {
         xr_lane_norm(p, dst, w, op, layer, scr);
         return 1.f;
     }
     const float* rb = xr_pending(p, op, layer);
-    if (rb == nullptr) {   // as on one GPU (tp = 1 stays bit-identical to the one-GPU kernel)
-        if (op != MK_OP_LMHEAD) return norm_vec_scale(dst, p.x, w, p.d, p.eps, scr);
-        norm_vec(dst, p.x, w, p.d, p.eps, scr);
-        return 1.f;
-    }
+    if (rb == nullptr) return xr_norm_of_x(p, dst, w, op, scr);   // as on one GPU: tp = 1 stays bit-identical
     const int n = p.d;
     float ss = 0.f;
     for (int i = threadIdx.x * 4; i < n; i += NT * 4) {
