@@ -120,7 +120,6 @@ MK_DEV void load_vec(float* dst, const float* src, int n) {
         *(float4*)(dst + svx(i)) = mk_ld_cg4((const float4*)(src + i));
 }
 
-// dst = RMSNorm(src) * w, fp32, n % 4 == 0, dst swizzled (svx). Ends synced.
 // The RMSNorm input of a matvec with the scale left to its outputs (the matvec is linear): dst = src * w (swizzled)
 // and the warps' partial sums of squares in scr[0 .. NW); returns rsqrt(mean(src^2) + eps), the factor of every
 // output row. One pass and one barrier, where norm_vec needs three barriers and a second pass that reads w only
@@ -142,6 +141,7 @@ MK_DEV float norm_vec_scale(float* dst, const float* src, const float* w, int n,
     return rsqrtf(t / (float)n + eps);
 }
 
+// dst = RMSNorm(src) * w, fp32, n % 4 == 0, dst swizzled (svx). Ends synced.
 MK_DEV void norm_vec(float* dst, const float* src, const float* w, int n, float eps, float* scr) {
     float ss = 0.f;
     for (int i = threadIdx.x * 4; i < n; i += NT * 4) {
