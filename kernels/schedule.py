@@ -2,7 +2,8 @@
 
 Global order of stages for one step: for each layer QKV -> ATTN -> OPROJ -> GATEUP -> DOWN, then LMHEAD, SAMPLE.
 Each stage's instructions are spread round-robin over the SMs with a cursor that continues across stages, so
-no SM is always the one left with an extra instruction. Every SM's list is in global stage order and every
+no SM is always the one left with an extra instruction; OPROJ's go to the SMs of the highest ATTN splits instead
+(`oproj_rows`).  Every SM's list is in global stage order and every
 wait names an earlier stage, so with all CTAs resident (cooperative launch) the schedule cannot deadlock.
 """
 from __future__ import annotations
@@ -102,6 +103,25 @@ def _rows_per_instr(m: int, k: int, n_sm: int, mult: int) -> int:
     return r
 
 
+# ATTN splits per kv head whose SMs OPROJ leaves free when it can (oproj_rows): at contexts up to
+# KEEP_SPLITS x attn_min_pos (512 positions with the default 64) these splits hold every position.
+KEEP_SPLITS = 8
+
+
+def oproj_rows(dims: Dims, n_sm: int, n_splits: int, rows: int) -> int:
+    """Rows per OPROJ instruction. The low ATTN splits hold the positions at short contexts (mk_attention.cuh:
+    attn_splits) and the last of a head's splits to finish combines it, so an OPROJ on their SMs starts late with its
+    weights still on the way while the idle splits' SMs wait with theirs loaded. When the other SMs can take every
+    OPROJ row with at most a quarter more rows each, the rows are spread over them only."""
+    free = n_sm - dims.n_kv * min(n_splits, KEEP_SPLITS)
+    if free <= 0:
+        return rows
+    r = math.ceil(dims.d / free)
+    if r * 4 > rows * 5 or r * items_per_row(dims.q_dim) > isa.SMEM_RED_FLOATS:
+        return rows
+    return r
+
+
 def build(dims: Dims, n_sm: int, n_splits: int | None = None) -> Schedule:
     if dims.d % 8 or dims.ffn % 8 or dims.q_dim % 8:
         raise ValueError("hidden, ffn and q dims must be multiples of 8 (16-byte weight loads)")
@@ -116,6 +136,7 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None) -> Schedule:
     shapes = {"QKV": (qkv_m, dims.d, 1), "OPROJ": (dims.d, dims.q_dim, 1), "GATEUP": (dims.ffn, dims.d, 2),
               "DOWN": (dims.d, dims.ffn, 1), "LMHEAD": (dims.vocab, dims.d, 1)}
     rows = {k: _rows_per_instr(m, kk, n_sm, mult) for k, (m, kk, mult) in shapes.items()}
+    rows["OPROJ"] = oproj_rows(dims, n_sm, n_splits, rows["OPROJ"])
     counts = {k: math.ceil(shapes[k][0] / rows[k]) for k in shapes}
     counts["ATTN"] = dims.n_kv * n_splits
     L = dims.n_layers
@@ -128,6 +149,15 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None) -> Schedule:
         for ins in instrs:
             sched.per_sm[cursor % n_sm].append(tuple(int(v) for v in ins))
             cursor += 1
+
+    def emit_after_attn(instrs, c0, n_attn):
+        """Instruction i on the SM of ATTN instruction n_attn - 1 - i (ATTN began at cursor c0; split-major, so
+        the highest splits first); the cursor moves on as if emitted round-robin."""
+        nonlocal cursor
+        assert len(instrs) <= n_sm
+        for i, ins in enumerate(instrs):
+            sched.per_sm[(c0 + n_attn - 1 - i) % n_sm].append(tuple(int(v) for v in ins))
+        cursor += len(instrs)
 
     def matvec(op, layer, wait_ctr, wait_n, sig_ctr):
         m, r = shapes[op][0], rows[op]
@@ -145,10 +175,12 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None) -> Schedule:
         else:
             w_ctr, w_n = ci(layer - 1, isa.CTR_DOWN), counts["DOWN"]
         emit(matvec("QKV", layer, w_ctr, w_n, ci(layer, isa.CTR_QKV)))
+        c0 = cursor
         emit([(isa.OPS["ATTN"], layer, h, s, ci(layer, isa.CTR_QKV), counts["QKV"],
                isa.attn_ticket(L, dims.n_kv, layer, h), ci(layer, isa.CTR_ATTN_DONE))
               for s in range(n_splits) for h in range(dims.n_kv)])
-        emit(matvec("OPROJ", layer, ci(layer, isa.CTR_ATTN_DONE), dims.n_kv, ci(layer, isa.CTR_OPROJ)))
+        emit_after_attn(matvec("OPROJ", layer, ci(layer, isa.CTR_ATTN_DONE), dims.n_kv, ci(layer, isa.CTR_OPROJ)),
+                        c0, counts["ATTN"])
         emit(matvec("GATEUP", layer, ci(layer, isa.CTR_OPROJ), counts["OPROJ"], ci(layer, isa.CTR_GATEUP)))
         emit(matvec("DOWN", layer, ci(layer, isa.CTR_GATEUP), counts["GATEUP"], ci(layer, isa.CTR_DOWN)))
     emit(matvec("LMHEAD", 0, ci(L - 1, isa.CTR_DOWN), counts["DOWN"], isa.lm_counter(L)))

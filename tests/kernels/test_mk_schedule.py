@@ -68,3 +68,34 @@ _QWEN_7B = schedule.Dims(d=3584, n_layers=28, n_heads=28, n_kv=4, head_dim=128, 
 def test_matvec_loop_per_model(dims, pipelined):
     # the measured winners for the three bench shapes (bench/NOTES.md, session 5); 7B: rows of 3584 and 18944
     assert schedule.mv_pipelined_model(dims) is pipelined
+
+
+def _hosts(s, op, layer):
+    """SM index -> instruction of stage `op` in `layer` (at most one per SM)."""
+    out = {}
+    for sm, lst in enumerate(s.per_sm):
+        for ins in lst:
+            if ins[0] == isa.OPS[op] and ins[1] == layer:
+                assert sm not in out, (op, sm)
+                out[sm] = ins
+    return out
+
+
+@pytest.mark.parametrize("name,spread", [("qwen2.5-coder-0.5b", True), ("qwen2.5-coder-1.5b", True),
+                                         ("llama-3.2-1b", False)])
+def test_oproj_leaves_the_low_attention_splits_free(name, spread):
+    dims = schedule.Dims.of(preset(name))
+    s = schedule.build(dims, n_sm=132)
+    schedule.check(s)
+    base = -(-dims.d // 132)
+    assert (s.rows["OPROJ"] > base) == spread
+    assert s.rows["OPROJ"] * 4 <= base * 5
+    for layer in (0, dims.n_layers - 1):
+        attn = _hosts(s, "ATTN", layer)
+        oproj = _hosts(s, "OPROJ", layer)
+        low = {sm for sm, ins in attn.items() if ins[3] < schedule.KEEP_SPLITS}
+        if spread:
+            assert not low & set(oproj), sorted(low & set(oproj))
+        # the highest splits' SMs get OPROJ first
+        by_split = sorted(attn, key=lambda sm: -attn[sm][3])
+        assert set(by_split[:min(len(oproj), len(by_split))]) <= set(oproj)
