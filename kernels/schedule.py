@@ -73,11 +73,11 @@ class Schedule:
 
     def smem_bytes(self) -> int:
         """Dynamic shared memory of the working region: [input vector | partial sums | row outputs], or the ATTN
-        rotated q which reuses the same bytes. The attention staging region follows it (runtime.Monokernel)."""
+        rotated q tile which reuses the same bytes. The attention staging region follows it (runtime.Monokernel)."""
         dm = self.dims
         vec = max(dm.d, dm.q_dim, dm.ffn)
         out = max(r * (2 if op == "GATEUP" else 1) for op, r in self.rows.items())
-        attn = isa.MAX_GROUP * dm.head_dim
+        attn = isa.MAX_GROUP * (dm.head_dim + isa.KPAD)   # the q tile: 2 x MAX_GROUP rows of head_dim + KPAD bf16
         return 4 * max(vec + isa.SMEM_RED_FLOATS + out, attn)
 
 

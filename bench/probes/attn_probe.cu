@@ -4,7 +4,8 @@
 // loop's own cost from what surrounds it in the kernel (bench/NOTES.md, session 7: 2.6 -> 2.0 us on the 0.5B shape).
 //
 // One CTA per SM, 512 threads, every CTA runs the kernel's two phase functions on its own data (q in shared memory as
-// rotated fp32, K rows padded by MK_KPAD and V rows as bf16, the head records in global memory) `REPS` times;
+// the kernel's hi / lo bf16 tile, K rows padded by MK_KPAD and V rows as bf16, the head records in global memory)
+// `REPS` times;
 // thread 0 stamps %globaltimer after each phase's barrier. CTA 0's outputs (softmax-weighted V per q head and dim)
 // are checked against a double-precision host reference on the same bf16 data.
 //
@@ -50,11 +51,11 @@ static __host__ __device__ float v_val(int i, int b) { return 0.03f * ((i * 3 + 
 template <int HD>
 __global__ void __launch_bounds__(NT, 1) loop(int g, int C, unsigned long long* ns, float* rec, float* chk) {
     extern __shared__ float4 smem4[];
-    float* sq = (float*)smem4;                               // [MAXG][HD]
-    mk_bf16* stk = (mk_bf16*)(sq + MAXG * HD);               // [C][HD + MK_KPAD]
+    mk_bf16* qh = (mk_bf16*)smem4;                           // [2 MAXG][HD + MK_KPAD]
+    mk_bf16* stk = qh + 2 * MAXG * (HD + MK_KPAD);           // [C][HD + MK_KPAD]
     mk_bf16* stv = stk + (size_t)C * (HD + MK_KPAD);         // [C][HD]
     float* sc = (float*)(stv + (size_t)C * HD);              // [MAXG][C]
-    for (int i = threadIdx.x; i < g * HD; i += NT) sq[i] = q_val(i, blockIdx.x);
+    for (int i = threadIdx.x; i < g * HD; i += NT) attn_q_store<HD>(qh, i / HD, i % HD, q_val(i, blockIdx.x));
     for (int i = threadIdx.x; i < C * HD; i += NT) {
         stk[(i / HD) * (HD + MK_KPAD) + i % HD] = mk_f2bf(k_val(i, blockIdx.x));
         stv[i] = mk_f2bf(v_val(i, blockIdx.x));
@@ -66,7 +67,7 @@ __global__ void __launch_bounds__(NT, 1) loop(int g, int C, unsigned long long* 
     for (int rep = 0; rep <= REPS; ++rep) {
         __syncthreads();
         if (threadIdx.x == 0) t0 = mk_globaltimer();
-        attn_scores<HD>(sq, stk, sc, g, C, C);
+        attn_scores_mma<HD>(qh, stk, sc, g, C, C);
         __syncthreads();
         if (threadIdx.x == 0) { t1 = mk_globaltimer(); if (rep) acc[0] += t1 - t0; t0 = t1; }
         if (j < g) {
@@ -138,7 +139,7 @@ int main() {
     std::string json = "{\"probe\": \"attn\", \"rows\": [";
     bool ok = true;
     for (const Case& c : cases) {
-        const int smem = (MAXG * c.hd + MAXG * c.C) * 4 + c.C * (2 * c.hd + MK_KPAD) * 2;
+        const int smem = MAXG * c.C * 4 + (2 * MAXG + c.C) * (c.hd + MK_KPAD) * 2 + c.C * c.hd * 2;
         void (*k)(int, int, unsigned long long*, float*, float*) = c.hd == 64 ? loop<64> : loop<128>;
         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         k<<<nsm, NT, smem>>>(c.g, c.C, ns, rec, chk);

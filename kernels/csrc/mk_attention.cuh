@@ -67,7 +67,7 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
     const size_t row0 = ((size_t)layer * p.n_kv + head) * (size_t)p.max_len;
     mk_bf16* kc = p.k_cache + row0 * HD;
     mk_bf16* vc = p.v_cache + row0 * HD;
-    float* sq = sm;                               // [MAX_GROUP][HD] rotated, scaled q
+    mk_bf16* qh = (mk_bf16*)sm;                   // rotated, scaled q as hi / lo rows (attn_q_store)
     if (split < S_eff) {   // CTA-uniform: the barriers inside are safe
         for (int e = threadIdx.x; e < g * HD; e += NT) {
             const int j = e / HD, i = e - j * HD;
@@ -75,7 +75,7 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
             const float a = mk_ld_cg(q + i), b = mk_ld_cg(q + (i < HALF ? i + HALF : i - HALF));
             float s, c;
             sincosf((float)pos * p.inv_freq[i % HALF], &s, &c);
-            sq[e] = (i < HALF ? a * c - b * s : a * c + b * s) * p.attn_scale;
+            attn_q_store<HD>(qh, j, i, (i < HALF ? a * c - b * s : a * c + b * s) * p.attn_scale);
         }
         if (split == S_eff - 1) {
             const float* k = p.qkv + p.q_dim + head * HD;
@@ -108,7 +108,7 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
                 mk_cp_async_wait_all();
                 __syncthreads();
             }
-            attn_scores<HD>(sq, stk, sc, g, C, cap);
+            attn_scores_mma<HD>(qh, stk, sc, g, C, cap);
             __syncthreads();
             if (warp < g) attn_head_values<HD>(sc, stv, C, cap, part + warp * (HD + 2), c0 == p0);
         }

@@ -1,31 +1,48 @@
 // The attention partial's position loop over one chunk of staged positions (op_attn in mk_attention.cuh), in two
 // phases with one CTA barrier between them (the caller's); shared memory apart from the partial record, so
 // bench/probes/attn_probe.cu times exactly this code on its own. The includer defines NT, warp_max and warp_sum
-// (mk_block.cuh) and includes mk_isa.h (MK_KPAD) and mk_vendor.h (mk_shfl_xor).
+// (mk_block.cuh) and includes mk_isa.h (MK_KPAD, MK_MAX_GROUP) and mk_vendor.h (mk_shfl_xor, ldmatrix, mma).
 #pragma once
 
-// Staged K rows are padded to HD + MK_KPAD bf16 (MK_KPAD = 8: a 144- or 272-byte stride), so the 16-byte chunk ch
-// of 8 consecutive positions falls in 8 different bank groups: no rotation needed, and the lanes of a warp (one q
-// head, consecutive positions) read the same q chunk (a broadcast).
+// Staged K rows are padded to HD + MK_KPAD bf16 (MK_KPAD = 8: a 144- or 272-byte stride), as are the q tile's rows,
+// so the 8 rows of an ldmatrix phase fall in 8 different bank groups.
 
-// scores: one thread per (q head j, position pp), 16 bytes of K and two broadcast float4 of q per step.
+// The rotated q for the tensor-core scores, one 16-row bf16 tile (rows HD + MK_KPAD apart): row j holds
+// hi = bf16(x) of q head j, row MAX_GROUP + j holds lo = bf16(x - hi), so one mma gives both halves of each product
+// (accumulator rows j and 8 + j: the same thread's d[0] / d[2] and d[1] / d[3]) and their sum keeps ~16 mantissa bits
+// of q (K is bf16 already): ~1e-5 relative to the fp32 scores.
 template <int HD>
-MK_DEV void attn_scores(const float* sq, const mk_bf16* stk, float* sc, int g, int C, int cap) {
-    for (int t = threadIdx.x; t < g * C; t += NT) {
-        const int j = t / C, pp = t - j * C;
-        const uint4* kr = (const uint4*)(stk + (size_t)pp * (HD + MK_KPAD));
-        const float4* qj = (const float4*)(sq + j * HD);
-        float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
-#pragma unroll 2
-        for (int ch = 0; ch < HD / 8; ++ch) {
-            const uint4 u = kr[ch];
-            const float4 a = qj[2 * ch], b = qj[2 * ch + 1];
-            s0 += a.x * __uint_as_float(u.x << 16) + a.y * __uint_as_float(u.x & 0xffff0000u);
-            s1 += a.z * __uint_as_float(u.y << 16) + a.w * __uint_as_float(u.y & 0xffff0000u);
-            s2 += b.x * __uint_as_float(u.z << 16) + b.y * __uint_as_float(u.z & 0xffff0000u);
-            s3 += b.z * __uint_as_float(u.w << 16) + b.w * __uint_as_float(u.w & 0xffff0000u);
+MK_DEV void attn_q_store(mk_bf16* qh, int j, int i, float x) {
+    const mk_bf16 hi = mk_f2bf(x);
+    qh[j * (HD + MK_KPAD) + i] = hi;
+    qh[(MK_MAX_GROUP + j) * (HD + MK_KPAD) + i] = mk_f2bf(x - mk_bf2f(hi));
+}
+
+// scores on the tensor cores (mma m16n8k16): warp w takes the 8-position tiles w, w + NW, ...; per 16 dims one
+// ldmatrix of K (8 positions x 16 dims: the B operand, K rows being its columns), one of the q tile, one mma. An
+// output (row r, position n) depends on q row r and K row n only: rows of heads >= g and positions >= C hold
+// whatever shared memory held (K rows past the chunk are read, inside the staging region) and are dropped.
+template <int HD>
+MK_DEV void attn_scores_mma(const mk_bf16* qh, const mk_bf16* stk, float* sc, int g, int C, int cap) {
+    constexpr int QS = HD + MK_KPAD;
+    static_assert(MK_MAX_GROUP == 8, "hi rows 0-7, lo rows 8-15 of one m16 tile");
+    const int lane = threadIdx.x & 31;
+    const unsigned qa = mk_smem_addr(qh) + (unsigned)(((lane & 15) * QS + (lane >> 4) * 8) * 2);
+    for (int nt = threadIdx.x >> 5; nt * 8 < C; nt += NT / 32) {   // warp-uniform
+        const unsigned kb = mk_smem_addr(stk) + (unsigned)(((nt * 8 + (lane & 7)) * QS + ((lane >> 3) & 1) * 8) * 2);
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int ks = 0; ks < HD / 16; ++ks) {
+            unsigned a[4], b[2];
+            mk_ldsm_x2(kb + ks * 32, b);
+            mk_ldsm_x4(qa + ks * 32, a);
+            mk_mma_bf16(d, a, b);
         }
-        sc[j * cap + pp] = (s0 + s1) + (s2 + s3);
+        const int r = lane >> 2, pp = nt * 8 + 2 * (lane & 3);
+        if (r < g) {
+            if (pp < C) sc[r * cap + pp] = d[0] + d[2];
+            if (pp + 1 < C) sc[r * cap + pp + 1] = d[1] + d[3];
+        }
     }
 }
 

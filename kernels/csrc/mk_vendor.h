@@ -91,3 +91,19 @@ MK_DEV void mk_cp_async16(void* dst, const void* src) {
                  :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
 }
 MK_DEV void mk_cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// Tensor cores (sm_80+): a shared-memory address for ldmatrix; ldmatrix of four / two 8 x 8 bf16 tiles (each lane
+// gives one 16-byte row address, lanes 0-7 tile 0, 8-15 tile 1, ...); mma m16n8k16, bf16 in, fp32 accumulate.
+MK_DEV unsigned mk_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+MK_DEV void mk_ldsm_x4(unsigned a, unsigned (&r)[4]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
+}
+MK_DEV void mk_ldsm_x2(unsigned a, unsigned (&r)[2]) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a) : "memory");
+}
+MK_DEV void mk_mma_bf16(float (&d)[4], const unsigned (&a)[4], const unsigned (&b)[2]) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
