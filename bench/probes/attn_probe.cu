@@ -14,6 +14,7 @@
 // Prints a line per case: median over CTAs of each phase's us per loop and the max relative error; then a JSON line.
 #include "mk_vendor.h"
 #include "mk_isa.h"
+#include "probe_util.h"
 
 #include <algorithm>
 #include <cmath>
@@ -28,17 +29,6 @@
 #define REPS 50
 
 __device__ float g_sink;
-
-MK_DEV float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-MK_DEV float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 #include "mk_attn_loop.cuh"
 
@@ -85,16 +75,6 @@ __global__ void __launch_bounds__(NT, 1) loop(int g, int C, unsigned long long* 
         ns[blockIdx.x * 3 + 2] = (acc[0] + acc[1]) / REPS;
     }
     if (keep == 1.2345f) g_sink = keep;
-}
-
-static float bf16_round(float x) {   // round to nearest even, as mk_f2bf
-    unsigned u;
-    memcpy(&u, &x, 4);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    float r;
-    memcpy(&r, &u, 4);
-    return r;
 }
 
 // max relative error (against the largest output) of CTA 0's outputs

@@ -18,6 +18,7 @@
 //        -o /tmp/matvec_probe && /tmp/matvec_probe
 // Prints one line per (K, mode), then a JSON line.
 #include "mk_vendor.h"
+#include "probe_util.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -44,12 +45,6 @@ MK_DEV float dot8_two(const uint4 w, const float* v) {     // two independent 4-
     const float s0 = fmaf(f[6], b.z, fmaf(f[4], b.x, fmaf(f[2], a.z, f[0] * a.x)));
     const float s1 = fmaf(f[7], b.w, fmaf(f[5], b.y, fmaf(f[3], a.w, f[1] * a.y)));
     return s0 + s1;
-}
-
-MK_DEV float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
 }
 
 // Weight chunk c of row r: from global (streaming) or from the shared-memory copy of the CTA's rows.
