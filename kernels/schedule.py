@@ -96,9 +96,14 @@ def items_per_row(k: int) -> int:
     return math.ceil(k / 8 / (32 * isa.MV_UNROLL_PIPE))
 
 
+def _red_fits(rows: int, k: int, mult: int) -> bool:
+    """An instruction's matvec partial sums (rows x mult outputs of rows of length k) fit the reduction buffer."""
+    return rows * mult * items_per_row(k) <= isa.SMEM_RED_FLOATS
+
+
 def _rows_per_instr(m: int, k: int, n_sm: int, mult: int) -> int:
     r = math.ceil(m / n_sm)
-    while r > 1 and r * mult * items_per_row(k) > isa.SMEM_RED_FLOATS:
+    while r > 1 and not _red_fits(r, k, mult):
         r = math.ceil(r / 2)
     return r
 
@@ -117,7 +122,7 @@ def oproj_rows(dims: Dims, n_sm: int, n_splits: int, rows: int) -> int:
     if free <= 0:
         return rows
     r = math.ceil(dims.d / free)
-    if r * 4 > rows * 5 or r * items_per_row(dims.q_dim) > isa.SMEM_RED_FLOATS:
+    if r * 4 > rows * 5 or not _red_fits(r, dims.q_dim, 1):
         return rows
     return r
 

@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(NT, 1) probe(const mk_bf16* W, int R, int K, i
     if (SMEM)
         for (int i = threadIdx.x * 8; i < R * K; i += NT * 8) *(uint4*)(rows + i) = *(const uint4*)(g + i);
     __syncthreads();
-    const unsigned s = (unsigned)__cvta_generic_to_shared(rows);
+    const unsigned s = mk_smem_addr(rows);
     unsigned long long t0 = 0;
     float keep = 0.f;
     for (int rep = 0; rep < reps; ++rep) {

@@ -44,7 +44,6 @@ enum Mode { COUNTER, COUNTER_NODATA, LL, COUNTER_LOADS, COUNTER_LOADS_W1, LL_LOA
             COUNTER_TMA, COUNTER_TMA_W1, COUNTER_DEEP };
 #define TMA_BYTES 32768
 
-MK_DEV unsigned smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 __device__ float g_sink;
 
@@ -80,7 +79,7 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
     constexpr bool kTma = MODE == COUNTER_TMA || MODE == COUNTER_TMA_W1;
     const bool tma_issuer = kTma && threadIdx.x == (MODE == COUNTER_TMA ? 0 : 32);
     if (kTma && threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(smem_addr(&bar)) : "memory");
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mk_smem_addr(&bar)) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
@@ -123,7 +122,7 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
                 while (!ok)
                     asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
                                  "selp.u32 %0, 1, 0, p;\n}"
-                                 : "=r"(ok) : "r"(smem_addr(&bar)), "r"((s - 1) & 1) : "memory");
+                                 : "=r"(ok) : "r"(mk_smem_addr(&bar)), "r"((s - 1) & 1) : "memory");
             }
             carry = block_sum(acc, scr) * 1e-3f + 1.f;
         }
@@ -143,9 +142,9 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
         if (tma_issuer) {   // 32 KB of weights into shared memory by the bulk-copy engine
             const size_t c = ((size_t)s * nb + blockIdx.x) * (TMA_BYTES / 16) % (wchunks - TMA_BYTES / 16);
             asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}"
-                         :: "r"(smem_addr(&bar)), "r"(TMA_BYTES) : "memory");
+                         :: "r"(mk_smem_addr(&bar)), "r"(TMA_BYTES) : "memory");
             asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                         :: "r"(smem_addr(tma_buf)), "l"(W + c), "r"(TMA_BYTES), "r"(smem_addr(&bar)) : "memory");
+                         :: "r"(mk_smem_addr(tma_buf)), "l"(W + c), "r"(TMA_BYTES), "r"(mk_smem_addr(&bar)) : "memory");
         }
         const int dst = s & 1;
         if (threadIdx.x < E) {
@@ -167,7 +166,7 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
         unsigned ok = 0;
         while (!ok)
             asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                         "selp.u32 %0, 1, 0, p;\n}" : "=r"(ok) : "r"(smem_addr(&bar)), "r"((NS - 1) & 1) : "memory");
+                         "selp.u32 %0, 1, 0, p;\n}" : "=r"(ok) : "r"(mk_smem_addr(&bar)), "r"((NS - 1) & 1) : "memory");
     }
     if (sink == 1.2345f || carry == 1.2345f) g_sink = sink + carry;
 }

@@ -83,17 +83,18 @@ MK_DEV unsigned long long mk_globaltimer() {
     asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
     return t;
 }
+// A shared-memory address as the shared-space instructions (cp.async, ldmatrix, mbarrier) take it.
+MK_DEV unsigned mk_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 // Asynchronous 16-byte global -> shared copy through L2 (data another CTA wrote earlier in the launch, ordered by
 // a counter acquire before the copy is issued); mk_cp_async_wait_all() in the same thread, then a barrier,
 // before any thread reads it.
 MK_DEV void mk_cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
-                 :: "r"((unsigned)__cvta_generic_to_shared(dst)), "l"(src) : "memory");
+                 :: "r"(mk_smem_addr(dst)), "l"(src) : "memory");
 }
 MK_DEV void mk_cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-// Tensor cores (sm_80+): a shared-memory address for ldmatrix; ldmatrix of four / two 8 x 8 bf16 tiles (each lane
-// gives one 16-byte row address, lanes 0-7 tile 0, 8-15 tile 1, ...); mma m16n8k16, bf16 in, fp32 accumulate.
-MK_DEV unsigned mk_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+// Tensor cores (sm_80+): ldmatrix of four / two 8 x 8 bf16 tiles (each lane gives one 16-byte row address, lanes
+// 0-7 tile 0, 8-15 tile 1, ...); mma m16n8k16, bf16 in, fp32 accumulate.
 MK_DEV void mk_ldsm_x4(unsigned a, unsigned (&r)[4]) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(a) : "memory");
