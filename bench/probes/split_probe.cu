@@ -17,6 +17,7 @@
 //        -o /tmp/split_probe && /tmp/split_probe
 // Prints one line per row, then a JSON line.
 #include "mk_vendor.h"
+#include "probe_util.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -44,18 +45,6 @@ struct Args {
 
 __device__ float g_sink;
 
-MK_DEV float block_sum(float v, float* scr) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    __syncthreads();
-    if (l == 0) scr[w] = v;
-    __syncthreads();
-    float t = 0.f;
-#pragma unroll
-    for (int i = 0; i < NT / 32; ++i) t += scr[i];
-    return t;
-}
 
 MK_DEV unsigned ld_relaxed(const unsigned* p) {
     unsigned v;
@@ -78,7 +67,7 @@ MK_DEV void chain(const Args& a) {
                 while (mk_ld_acquire(a.ctr + s - 1) < (unsigned)a.C) {}
             __syncthreads();
             for (int i = threadIdx.x; i < D; i += NT) acc += mk_ld_cg(a.buf + (size_t)src * D + i);
-            carry = block_sum(acc, scr) * 1e-3f + 1.f;
+            carry = block_sum<NT / 32>(acc, scr) * 1e-3f + 1.f;
         }
         if (threadIdx.x < E) a.buf[(size_t)(s & 1) * D + blockIdx.x * E + threadIdx.x] = carry * (1.f + threadIdx.x);
         __syncthreads();

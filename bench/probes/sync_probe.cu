@@ -30,6 +30,7 @@
 //        -o /tmp/sync_probe && /tmp/sync_probe
 // Prints one line per mode (us per stage), then a JSON line.
 #include "mk_vendor.h"
+#include "probe_util.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -56,18 +57,6 @@ MK_DEV unsigned long long ld_relaxed_u64(const unsigned long long* p) {
     return v;
 }
 
-MK_DEV float block_sum(float v, float* scr) {
-#pragma unroll
-    for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    __syncthreads();
-    if (l == 0) scr[w] = v;
-    __syncthreads();
-    float t = 0.f;
-#pragma unroll
-    for (int i = 0; i < NT / 32; ++i) t += scr[i];
-    return t;
-}
 
 // buf: [2][D] floats (counter modes) or [2][D] u64 (ll modes); ctr: [NS] counters; W: weight buffer (loads modes).
 template <int MODE, int NL = 4>
@@ -124,7 +113,7 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
                                  "selp.u32 %0, 1, 0, p;\n}"
                                  : "=r"(ok) : "r"(mk_smem_addr(&bar)), "r"((s - 1) & 1) : "memory");
             }
-            carry = block_sum(acc, scr) * 1e-3f + 1.f;
+            carry = block_sum<NT / 32>(acc, scr) * 1e-3f + 1.f;
         }
         if (loader) {   // weight loads issued now, consumed after the next wait (deep: two stages later)
             const size_t base = ((size_t)s * nb + blockIdx.x) * NT * NL % wchunks;
