@@ -15,19 +15,6 @@ MK_DEV float warp_sum(float v) {
     for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
-// The block's sum of one value per thread, returned to every thread (NWARPS warps; scr: one float per warp).
-template <int NWARPS>
-MK_DEV float block_sum(float v, float* scr) {
-    v = warp_sum(v);
-    const int w = threadIdx.x >> 5, l = threadIdx.x & 31;
-    __syncthreads();
-    if (l == 0) scr[w] = v;
-    __syncthreads();
-    float t = 0.f;
-#pragma unroll
-    for (int i = 0; i < NWARPS; ++i) t += scr[i];
-    return t;
-}
 
 static inline float bf16_round(float x) {   // round to nearest even, as mk_f2bf
     unsigned u;

@@ -17,7 +17,7 @@
 //        -o /tmp/split_probe && /tmp/split_probe
 // Prints one line per row, then a JSON line.
 #include "mk_vendor.h"
-#include "probe_util.h"
+#include "mk_isa.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -27,6 +27,8 @@
 #define NT 512
 #define E 8                 // outputs per chain CTA per stage
 #define NS 2000             // chained stages
+#define NW (NT / 32)
+#include "mk_block.cuh"   // the kernel's block reductions (block_sum: scr holds NW + 1 floats)
 #define SLOT 16384          // bulk-copy slot bytes
 #define MAXKS 12
 
@@ -53,7 +55,7 @@ MK_DEV unsigned ld_relaxed(const unsigned* p) {
 }
 
 MK_DEV void chain(const Args& a) {
-    __shared__ float scr[NT / 32];
+    __shared__ float scr[NW + 1];
     const int D = a.C * E;
     unsigned long long t0 = 0;
     float carry = 1.f;
@@ -67,7 +69,7 @@ MK_DEV void chain(const Args& a) {
                 while (mk_ld_acquire(a.ctr + s - 1) < (unsigned)a.C) {}
             __syncthreads();
             for (int i = threadIdx.x; i < D; i += NT) acc += mk_ld_cg(a.buf + (size_t)src * D + i);
-            carry = block_sum<NT / 32>(acc, scr) * 1e-3f + 1.f;
+            carry = block_sum(acc, scr) * 1e-3f + 1.f;
         }
         if (threadIdx.x < E) a.buf[(size_t)(s & 1) * D + blockIdx.x * E + threadIdx.x] = carry * (1.f + threadIdx.x);
         __syncthreads();

@@ -5,7 +5,8 @@
 // (bench/NOTES.md) suggest each costs more than the ~0.35 us "hop" they show (the release waits for the stores).
 //
 // Every stage here: each of the 132 CTAs (one per SM, 512 threads) reads the whole previous-stage vector
-// (132 x 8 floats), block-sums it and writes its 8 outputs; NS stages chained, CTA 0 times the chain.
+// (132 x 8 floats), block-sums it and writes its 8 outputs; NS stages chained, CTA 0 times the chain. The block
+// sum is the kernel's (mk_block.cuh) since session 9; the session 7 numbers used a plain sum over the warps.
 // Modes:
 //   counter       the monokernel's handoff (st, bar.sync, red.release.gpu; ld.acquire spin, bar.sync, ld.cg)
 //   counter-nodata  the same handoff, the consumer reading nothing (signal latency alone)
@@ -30,7 +31,7 @@
 //        -o /tmp/sync_probe && /tmp/sync_probe
 // Prints one line per mode (us per stage), then a JSON line.
 #include "mk_vendor.h"
-#include "probe_util.h"
+#include "mk_isa.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -39,6 +40,8 @@
 #define NT 512
 #define E 8                 // outputs per CTA per stage
 #define NS 2000             // chained stages
+#define NW (NT / 32)
+#include "mk_block.cuh"   // the kernel's block reductions (block_sum: scr holds NW + 1 floats)
 // NL: 16-byte weight loads per thread in flight at the release (the loads modes: 8 KB per CTA per unit);
 // the l2pf modes ask for NL x 512 bytes per warp (the same bytes per CTA).
 enum Mode { COUNTER, COUNTER_NODATA, LL, COUNTER_LOADS, COUNTER_LOADS_W1, LL_LOADS, COUNTER_PF, COUNTER_PF_W1,
@@ -62,7 +65,7 @@ MK_DEV unsigned long long ld_relaxed_u64(const unsigned long long* p) {
 template <int MODE, int NL = 4>
 __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* llb, unsigned* ctr, const uint4* W,
                                                size_t wchunks, unsigned long long* out_ns) {
-    __shared__ float scr[NT / 32];
+    __shared__ float scr[NW + 1];
     __shared__ alignas(8) unsigned long long bar;
     extern __shared__ float4 tma_buf[];   // TMA_BYTES (the +tma modes)
     constexpr bool kTma = MODE == COUNTER_TMA || MODE == COUNTER_TMA_W1;
@@ -113,7 +116,7 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
                                  "selp.u32 %0, 1, 0, p;\n}"
                                  : "=r"(ok) : "r"(mk_smem_addr(&bar)), "r"((s - 1) & 1) : "memory");
             }
-            carry = block_sum<NT / 32>(acc, scr) * 1e-3f + 1.f;
+            carry = block_sum(acc, scr) * 1e-3f + 1.f;
         }
         if (loader) {   // weight loads issued now, consumed after the next wait (deep: two stages later)
             const size_t base = ((size_t)s * nb + blockIdx.x) * NT * NL % wchunks;
