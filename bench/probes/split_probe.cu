@@ -12,6 +12,8 @@
 // and the streamers' aggregate rate (bytes / (last end - first start)).
 // Rows: the chain on all SMs (the sync probe's "counter"); the chain on C SMs alone; the same with streamers;
 // the streamers alone (the chain CTAs only wait the same time, no handoffs).
+// The chain's block sum is the kernel's (mk_block.cuh); session 9's numbers (bench/NOTES.md) were taken with a
+// plain sum over the warps, as in the sync probe of that time.
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I kernels/csrc bench/probes/split_probe.cu \
 //        -o /tmp/split_probe && /tmp/split_probe
