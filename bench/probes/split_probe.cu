@@ -20,6 +20,7 @@
 // Prints one line per row, then a JSON line.
 #include "mk_vendor.h"
 #include "mk_isa.h"
+#include "probe_bulk.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -108,26 +109,17 @@ MK_DEV void stream_loads(const Args& a, unsigned long long& bytes) {
 
 MK_DEV void stream_bulk(const Args& a, unsigned long long& bytes, unsigned char* ring, unsigned long long* bars) {
     if (threadIdx.x != 0) return;
-    for (int k = 0; k < a.ks; ++k)
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mk_smem_addr(bars + k)) : "memory");
-    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    for (int k = 0; k < a.ks; ++k) probe_mbar_init(bars + k);
     const size_t sc = SLOT / 16, span = (a.wchunks / sc) * sc;
     size_t c = (size_t)(blockIdx.x - a.C) * sc * 13 % span;
     unsigned phase = 0;   // bit k: the parity slot k's barrier completes next
     auto issue = [&](int k) {
-        asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}"
-                     :: "r"(mk_smem_addr(bars + k)), "r"(SLOT) : "memory");
-        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                     :: "r"(mk_smem_addr(ring + (size_t)k * SLOT)), "l"(a.W + c), "r"(SLOT),
-                        "r"(mk_smem_addr(bars + k)) : "memory");
+        probe_bulk_copy(ring + (size_t)k * SLOT, a.W + c, SLOT, bars + k);
         c = (c + (size_t)(gridDim.x - a.C) * sc) % span;
     };
     for (int k = 0; k < a.ks; ++k) issue(k);
     auto wait = [&](int k) {
-        unsigned ok = 0;
-        while (!ok)
-            asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                         "selp.u32 %0, 1, 0, p;\n}" : "=r"(ok) : "r"(mk_smem_addr(bars + k)), "r"((phase >> k) & 1u) : "memory");
+        probe_mbar_wait(bars + k, (phase >> k) & 1u);
         phase ^= 1u << k;
     };
     int k = 0;

@@ -32,6 +32,7 @@
 // Prints one line per mode (us per stage), then a JSON line.
 #include "mk_vendor.h"
 #include "mk_isa.h"
+#include "probe_bulk.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -60,7 +61,6 @@ MK_DEV unsigned long long ld_relaxed_u64(const unsigned long long* p) {
     return v;
 }
 
-
 // buf: [2][D] floats (counter modes) or [2][D] u64 (ll modes); ctr: [NS] counters; W: weight buffer (loads modes).
 template <int MODE, int NL = 4>
 __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* llb, unsigned* ctr, const uint4* W,
@@ -70,10 +70,7 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
     extern __shared__ float4 tma_buf[];   // TMA_BYTES (the +tma modes)
     constexpr bool kTma = MODE == COUNTER_TMA || MODE == COUNTER_TMA_W1;
     const bool tma_issuer = kTma && threadIdx.x == (MODE == COUNTER_TMA ? 0 : 32);
-    if (kTma && threadIdx.x == 0) {
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mk_smem_addr(&bar)) : "memory");
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
+    if (kTma && threadIdx.x == 0) probe_mbar_init(&bar);
     __syncthreads();
     const int nb = gridDim.x, D = nb * E;
     constexpr bool kLL = MODE == LL || MODE == LL_LOADS;
@@ -109,13 +106,7 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
                 for (int j = 0; j < NL; ++j)
                     sink += kDeep && (s & 1) ? __uint_as_float(w2[j].x ^ w2[j].w) : __uint_as_float(w[j].x ^ w[j].w);
             }
-            if (kTma) {   // the previous stage's copy has landed (phase s - 1 of the barrier)
-                unsigned ok = 0;
-                while (!ok)
-                    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                                 "selp.u32 %0, 1, 0, p;\n}"
-                                 : "=r"(ok) : "r"(mk_smem_addr(&bar)), "r"((s - 1) & 1) : "memory");
-            }
+            if (kTma) probe_mbar_wait(&bar, (s - 1) & 1);   // the previous stage's copy has landed
             carry = block_sum(acc, scr) * 1e-3f + 1.f;
         }
         if (loader) {   // weight loads issued now, consumed after the next wait (deep: two stages later)
@@ -133,10 +124,7 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
         }
         if (tma_issuer) {   // 32 KB of weights into shared memory by the bulk-copy engine
             const size_t c = ((size_t)s * nb + blockIdx.x) * (TMA_BYTES / 16) % (wchunks - TMA_BYTES / 16);
-            asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}"
-                         :: "r"(mk_smem_addr(&bar)), "r"(TMA_BYTES) : "memory");
-            asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                         :: "r"(mk_smem_addr(tma_buf)), "l"(W + c), "r"(TMA_BYTES), "r"(mk_smem_addr(&bar)) : "memory");
+            probe_bulk_copy(tma_buf, W + c, TMA_BYTES, &bar);
         }
         const int dst = s & 1;
         if (threadIdx.x < E) {
@@ -154,12 +142,7 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
         }
     }
     if (threadIdx.x == 0 && blockIdx.x == 0) *out_ns = mk_globaltimer() - t0;
-    if (kTma) {   // no bulk copy may still be landing when the CTA exits
-        unsigned ok = 0;
-        while (!ok)
-            asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-                         "selp.u32 %0, 1, 0, p;\n}" : "=r"(ok) : "r"(mk_smem_addr(&bar)), "r"((NS - 1) & 1) : "memory");
-    }
+    if (kTma) probe_mbar_wait(&bar, (NS - 1) & 1);   // no bulk copy may still be landing when the CTA exits
     if (sink == 1.2345f || carry == 1.2345f) g_sink = sink + carry;
 }
 
