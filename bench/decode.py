@@ -126,6 +126,7 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
     t = timed(lambda: list(mkb.decode_loop(0, tok0, ctx, N, greedy, frozenset(), None)), args.reps)
     row["monokernel_stream_us"] = t / N * 1e6
     row["mv_loop"] = mk.mv_loop
+    row["fused_mlp"] = mk.fused_mlp
     del mkb, mk
     torch.cuda.empty_cache()
     # the other library build's matvec loop (kernels/build.py), same launch otherwise: checks the per-model pick
@@ -134,6 +135,13 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
     mk2.run(0, tok0, ctx, 32)
     row["mk_other_loop_us"] = timed(lambda: mk2.run(0, tok0, ctx, N), args.reps) / N * 1e6
     del mk2
+    torch.cuda.empty_cache()
+    # the one-set build with the MLP schedule it does not run by default (GATEUP + DOWN; the fused MLP is one-set
+    # only, so for a pipelined model this is the one-set build's other schedule too), same launch otherwise
+    mk3 = Monokernel(model, cache.k, cache.v, max_steps=N + 64, mv_loop="one-set", fused_mlp=False)
+    mk3.run(0, tok0, ctx, 32)
+    row["mk_other_mlp_us"] = timed(lambda: mk3.run(0, tok0, ctx, N), args.reps) / N * 1e6
+    del mk3
     torch.cuda.empty_cache()
 
     # graph backend (engine/backends/graph.py), if present
@@ -267,7 +275,7 @@ def main():
         rows.append(row)
         log(json.dumps(row))
     hdr = (f"{'shape':<20} {'roof us':>8} {'mk us':>8} {'mk tok/s':>9} {'%roof':>6} {'v0 us':>7} {'mk+pf us':>9} "
-           f"{'minpos':>10} {'mv loop':>9} {'other':>6} {'layer us':>8} "
+           f"{'minpos':>10} {'mv loop':>9} {'other':>6} {'mlp':>6} {'other':>6} {'layer us':>8} "
            f"{'stream us':>9} "
            f"{'graph us':>9} {'peer us':>8} {'mk/peer':>8} {'mk/graph':>8}")
     log("")
@@ -281,6 +289,7 @@ def main():
             f"{f(r, 'monokernel_tok_s', '{:9.0f}')} {f(r, 'monokernel_pct_roof', '{:5.0f}%')} "
             f"{f(r, 'mk_v0_us', '{:7.0f}')} {pf_best(r)} {best(r, 'mk_minpos'):>10} "
             f"{r.get('mv_loop', '-'):>9} {f(r, 'mk_other_loop_us', '{:6.0f}')} "
+            f"{'fused' if r.get('fused_mlp') else 'split':>6} {f(r, 'mk_other_mlp_us', '{:6.0f}')} "
             f"{r['trace']['layer_us'] if 'trace' in r else float('nan'):8.1f} "
             f"{f(r, 'monokernel_stream_us', '{:9.0f}')} {f(r, 'graph_us', '{:9.0f}')} {f(r, 'peer_us', '{:8.0f}')} "
             f"{f(r, 'mk_speedup_vs_peer', '{:7.2f}x')} {f(r, 'mk_speedup_vs_graph', '{:7.2f}x')}")

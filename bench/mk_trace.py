@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import statistics
 
-STAGE_ORDER = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN")
+STAGE_ORDER = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN", "MLP")   # MLP: the fused schedule's last stage
 
 
 def stage_table(records: list[dict], op_names: dict[int, str]) -> dict:
@@ -39,7 +39,10 @@ def stage_table(records: list[dict], op_names: dict[int, str]) -> dict:
         d = per_op.setdefault(op_names[rs[0]["op"]], {"hop_us": [], "span_us": [], "spread_us": [], "prep_us": [],
                                                        "prep_max_us": [], "mv_us": [], "mv_max_us": []})
         att = [r for r in rs if r.get("t_q") is not None and r.get("t_loop") is not None]
-        if att:   # ATTN splits with positions: q + rope, the position loop, the in-CTA merge up to the ticket
+        if att and op_names[rs[0]["op"]] == "MLP":   # medians: GATEUP rows, the DOWN share, its adds + signal
+            for k, a, b in (("gu_us", "t_mv", "t_q"), ("down_us", "t_q", "t_loop"), ("red_us", "t_loop", "t_done")):
+                d.setdefault(k, []).append(statistics.median(r[b] - r[a] for r in att) / 1e3)
+        elif att:   # ATTN splits with positions: q + rope, the position loop, the in-CTA merge up to the ticket
             for k, a, b in (("q_us", "t_ready", "t_q"), ("loop_us", "t_q", "t_loop"), ("merge_us", "t_loop", "t_mv")):
                 d.setdefault(k, []).append(max(r[b] - r[a] for r in att if r[b] is not None) / 1e3)
         mv = [r for r in rs if r.get("t_mv") is not None]
@@ -71,6 +74,8 @@ def format_table(name: str, tab: dict) -> str:
                          f"  | prep {t['prep_us']:5.2f} (max {t['prep_max_us']:5.2f})"
                          f"  mv {t['mv_us']:6.2f} (max {t['mv_max_us']:6.2f})"
                          + (f"  | slowest split: q {t['q_us']:.2f} loop {t['loop_us']:.2f} merge {t['merge_us']:.2f}"
-                            if "loop_us" in t else ""))
+                            if "loop_us" in t else "")
+                         + (f"  | gateup {t['gu_us']:.2f} down {t['down_us']:.2f} adds {t['red_us']:.2f}"
+                            if "gu_us" in t else ""))
     lines.append(f"  layer critical path {tab['layer_us']:.2f} us; traced step {tab['step_us']:.1f} us")
     return "\n".join(lines)

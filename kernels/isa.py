@@ -23,6 +23,10 @@ OPS = {
     "DOWN": 5,     # x[rows] += Wd[rows] . h
     "LMHEAD": 6,   # RMSNorm(x) -> logits[rows] + this block's sampling record
     "SAMPLE": 7,   # reduce the records, pick the token, stream it, embed it into x, bump TOKEN
+    # One GPU, fused MLP schedule (schedule.build(fused_mlp=True)) instead of GATEUP + DOWN: RMSNorm(x) -> h rows
+    # as GATEUP, then this slice's DOWN partial of all d rows (Wd^T rows a0 .. a0 + a1) added to acc[] in fixed
+    # point (ACC_FRAC_BITS): integer adds, so the sum does not depend on the order the SMs add in.
+    "MLP": 8,
 }
 FIELDS = ("op", "layer", "a0", "a1", "wait_ctr", "wait_n", "sig_ctr", "aux")
 INSTR_WORDS = len(FIELDS)
@@ -86,13 +90,18 @@ def attn_ticket(n_layers: int, n_kv_heads: int, layer: int, head: int) -> int:
 # kinds: "p:<C type>" pointer, "u64", "f32", "i32". Pointers first so C and ctypes pad the same way.
 LAYER_FIELDS = [("ln1", "p:const float"), ("wqkv", "p:const mk_bf16"), ("bqkv", "p:const float"),
                 ("wo", "p:const mk_bf16"), ("ln2", "p:const float"), ("wgu", "p:const mk_bf16"),
-                ("wd", "p:const mk_bf16")]
+                ("wd", "p:const mk_bf16"),
+                ("wdt", "p:const mk_bf16")]   # Wd transposed [ffn, d] (fused MLP schedule only, else NULL)
 PARAM_FIELDS = [
     ("layers", "p:const MkLayer"), ("embed", "p:const mk_bf16"), ("lm_head", "p:const mk_bf16"),
     ("final_norm", "p:const float"), ("inv_freq", "p:const float"),
     ("k_cache", "p:mk_bf16"), ("v_cache", "p:mk_bf16"),            # this slot's [L, kvh, max_len, hd]
     ("x", "p:float"), ("qkv", "p:float"), ("attn", "p:float"), ("h", "p:float"), ("part", "p:float"),
     ("lmrec", "p:float"), ("ctr", "p:unsigned"), ("status", "p:int"),
+    # Fused MLP schedule (one GPU): the MLP output accumulator, int64 [d] fixed point (ACC_FRAC_BITS); NULL with
+    # the GATEUP / DOWN schedule. The residual after layer l is x + acc: QKV and LMHEAD read both, OPROJ adds
+    # acc[rows] into x[rows] and zeroes them, SAMPLE zeroes it before the next step's embedding.
+    ("acc", "p:unsigned long long"),
     ("instr", "p:const int"), ("sm_off", "p:const int"),
     ("forced", "p:const int"), ("logits_out", "p:float"), ("out_tokens", "p:int"),
     ("host_tokens", "p:int"), ("host_stat", "p:int"), ("cancel", "p:const int"), ("stop_ids", "p:const int"),
@@ -148,6 +157,8 @@ HOST_WORDS = 8
 # start (after its norm / vector load) or, for ATTN, the split's ticket; ATTN splits with positions also stamp
 # q ready (word 4) and their position loop done (word 5). bench/mk_trace.py reads them.
 TRACE_WORDS = 6
+# Fused MLP: acc[] holds the MLP's output as int64 with this many fractional bits (|value| < 2^(63 - bits)).
+ACC_FRAC_BITS = 28
 REASONS = {1: "length", 2: "stop", 3: "cancelled", 4: "watchdog"}
 
 
@@ -184,6 +195,7 @@ def render_header() -> str:
         f"#define MK_MV_UNROLL {MV_UNROLL}",
         f"#define MK_MV_UNROLL_PIPE {MV_UNROLL_PIPE}",
         f"#define MK_TRACE_WORDS {TRACE_WORDS}",
+        f"#define MK_ACC_FRAC_BITS {ACC_FRAC_BITS}",
         f"#define MK_MAX_GROUP {MAX_GROUP}",
         f"#define MK_KPAD {KPAD}",
         f"#define MK_MAX_SPLITS {MAX_SPLITS}",

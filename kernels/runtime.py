@@ -97,16 +97,19 @@ class Monokernel:
 
     def __init__(self, model, k_cache: torch.Tensor, v_cache: torch.Tensor, max_steps: int = 4096,
                  n_sm: int | None = None, sched: Schedule | None = None, tp_build: bool = False,
-                 mv_loop: str = "auto"):
+                 mv_loop: str = "auto", fused_mlp: bool | None = None):
         """sched: a prebuilt schedule for this model's shape and n_sm (tensor parallelism passes one whose
         exchanged waits count every rank's producers, and tp_build: the library variant with the exchange:
         kernels/tp_runtime.py). mv_loop: "auto" (schedule.mv_pipelined_model), "pipelined" or "one-set"; the
-        tensor-parallel build has the one-set loop only. The library calls below bind to the thread's current
-        device, which is the model's device inside this block; the caller's comes back after."""
+        tensor-parallel build has the one-set loop only. fused_mlp: the MLP schedule (schedule.build(fused_mlp=True);
+        default: on for the one-GPU one-set build without a prebuilt schedule; the pipelined and tensor-parallel
+        builds have GATEUP + DOWN only).
+        The library calls below bind to the thread's current device, which is the model's device inside this
+        block; the caller's comes back after."""
         with torch.cuda.device(model.device):
-            self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, mv_loop)
+            self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, mv_loop, fused_mlp)
 
-    def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, mv_loop) -> None:
+    def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, mv_loop, fused_mlp) -> None:
         if mv_loop not in ("auto", "pipelined", "one-set"):
             raise ValueError(f"mv_loop must be auto, pipelined or one-set, not {mv_loop!r}")
         if tp_build and mv_loop == "pipelined":
@@ -127,7 +130,13 @@ class Monokernel:
         self.dims = Dims.of(cfg)
         props = torch.cuda.get_device_properties(dev)
         self.n_sm = n_sm or props.multi_processor_count
-        self.sched: Schedule = sched if sched is not None else build_schedule(self.dims, self.n_sm)
+        if fused_mlp and (tp_build or pipe or (sched is not None and not sched.fused_mlp)):
+            raise ValueError("the fused MLP runs on the one-GPU one-set build with its own schedule only")
+        if sched is None:
+            fused_mlp = not (tp_build or pipe) if fused_mlp is None else fused_mlp
+            sched = build_schedule(self.dims, self.n_sm, fused_mlp=fused_mlp)
+        self.sched: Schedule = sched
+        self.fused_mlp = sched.fused_mlp
         # Attention staging after the working buffers (mk_attention.cuh): per position its K row (bf16, padded by
         # KPAD) and V row (bf16) and MAX_GROUP scores. A split's first chunk of positions is copied
         # in before its wait (attn_prefetch); longer splits go through it in chunks of kv_stage_pos positions.
@@ -159,9 +168,11 @@ class Monokernel:
 
         self.layer_tab = (MkLayer * cfg.n_layers)()
         for i, lw in enumerate(model.layers):
+            # the fused MLP reads Wd^T (its DOWN share is a slice of Wd's columns): one transposed copy per layer
+            wdt = w(lw.wd.t()) if self.fused_mlp else None
             self.layer_tab[i] = MkLayer(_ptr(w(lw.ln1, torch.float32)), _ptr(w(lw.wqkv)),
                                         _ptr(w(lw.bqkv, torch.float32)), _ptr(w(lw.wo)),
-                                        _ptr(w(lw.ln2, torch.float32)), _ptr(w(lw.wgu)), _ptr(w(lw.wd)))
+                                        _ptr(w(lw.ln2, torch.float32)), _ptr(w(lw.wgu)), _ptr(w(lw.wd)), _ptr(wdt))
         self.layers_dev = torch.frombuffer(bytearray(bytes(self.layer_tab)), dtype=torch.uint8).to(dev)
         self.embed = w(model.embed)
         self.lm_head = self.embed if model.lm_head is model.embed else w(model.lm_head)
@@ -175,6 +186,7 @@ class Monokernel:
         self.qkv = torch.zeros(dm.q_dim + 2 * dm.kv_dim, **f32)
         self.attn = torch.zeros(dm.q_dim, **f32)
         self.h = torch.zeros(dm.ffn, **f32)
+        self.acc = torch.zeros(dm.d, dtype=torch.int64, device=dev) if self.fused_mlp else None
         self.part = torch.zeros(dm.n_kv * sc.n_splits * dm.group * (dm.head_dim + 2), **f32)
         self.lmrec = torch.zeros(sc.n_lm * isa.REC_WORDS, **f32)
         self.ctr = torch.zeros(sc.n_counters, **i32)
@@ -197,7 +209,8 @@ class Monokernel:
         self.running = False
         self.stream = None
         log.info("monokernel: %d CTAs x %d threads, %d instructions/step, %d attention splits, %d B shared memory, "
-                 "%s matvec loop", self.n_sm, isa.NTHREADS, len(ins), sc.n_splits, self.smem, self.mv_loop)
+                 "%s matvec loop, %s MLP", self.n_sm, isa.NTHREADS, len(ins), sc.n_splits, self.smem, self.mv_loop,
+                 "fused" if self.fused_mlp else "GATEUP + DOWN")
         # A wait longer than this (~1 s at H200 clocks) aborts the launch and reports the stuck counter.
         self.watchdog_cycles = 2_000_000_000
         # L2 prefetch of each instruction's first weight bytes before its wait (0 = off); see bench/NOTES.md.
@@ -267,6 +280,9 @@ class Monokernel:
         p.seed = seed & ((1 << 64) - 1)
         p.watchdog_cycles = int(self.watchdog_cycles)
         p.prefetch_bytes = int(self.prefetch_bytes)
+        if self.acc is not None:   # the MLP output accumulator starts at zero (same stream as the launch)
+            self.acc.zero_()
+        p.acc = _ptr(self.acc)
         p.early_loads = int(self.early_loads)
         p.attn_min_pos = int(self.attn_min_pos)
         if not 1 <= self.kv_stage_pos <= self.stage_capacity:

@@ -1,6 +1,9 @@
 """Build the per-SM instruction lists for one decode step (the same lists run for every token step).
 
 Global order of stages for one step: for each layer QKV -> ATTN -> OPROJ -> GATEUP -> DOWN, then LMHEAD, SAMPLE.
+With fused_mlp (one GPU) each layer is QKV -> ATTN -> OPROJ -> MLP: an MLP instruction runs GATEUP's rows and then
+their DOWN partial of all d rows, added into the fixed-point accumulator (isa.OPS["MLP"]), so one counter handoff
+and DOWN's read of h per layer go away.
 Each stage's instructions are spread round-robin over the SMs with a cursor that continues across stages, so
 no SM is always the one left with an extra instruction; OPROJ's go to the SMs of the highest ATTN splits instead
 (`oproj_rows`).  Every SM's list is in global stage order and every
@@ -58,6 +61,7 @@ class Schedule:
     # Tensor parallelism (with_exchange): counter index -> producers per step over all ranks, for the stage
     # counters every rank's OPROJ / DOWN instructions bump. Empty on a single GPU.
     exchanged: dict[int, int] = field(default_factory=dict)
+    fused_mlp: bool = False           # MLP instructions instead of GATEUP + DOWN (one GPU only)
 
     @property
     def n_lm(self) -> int:
@@ -76,7 +80,7 @@ class Schedule:
         rotated q tile which reuses the same bytes. The attention staging region follows it (runtime.Monokernel)."""
         dm = self.dims
         vec = max(dm.d, dm.q_dim, dm.ffn)
-        out = max(r * (2 if op == "GATEUP" else 1) for op, r in self.rows.items())
+        out = max(r * (2 if op in ("GATEUP", "MLP") else 1) for op, r in self.rows.items())
         attn = isa.MAX_GROUP * (dm.head_dim + isa.KPAD)   # the q tile: 2 x MAX_GROUP rows of head_dim + KPAD bf16
         return 4 * max(vec + isa.SMEM_RED_FLOATS + out, attn)
 
@@ -127,7 +131,14 @@ def oproj_rows(dims: Dims, n_sm: int, n_splits: int, rows: int) -> int:
     return r
 
 
-def build(dims: Dims, n_sm: int, n_splits: int | None = None) -> Schedule:
+def mlp_partial_floats(d: int) -> int:
+    """Shared-memory floats an MLP instruction's DOWN partial needs for its row groups (mk_mlp.cuh: NT // (d / 8)
+    groups of d partial sums, one group when d / 8 >= NT)."""
+    nch = d // 8
+    return (isa.NTHREADS // nch if nch < isa.NTHREADS else 1) * d
+
+
+def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = False) -> Schedule:
     if dims.d % 8 or dims.ffn % 8 or dims.q_dim % 8:
         raise ValueError("hidden, ffn and q dims must be multiples of 8 (16-byte weight loads)")
     if dims.n_heads % dims.n_kv:
@@ -137,6 +148,8 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None) -> Schedule:
     if n_splits is None:
         n_splits = max(1, min(isa.MAX_SPLITS, n_sm // dims.n_kv))
     n_splits = min(n_splits, isa.MAX_SPLITS)
+    if fused_mlp and mlp_partial_floats(dims.d) > isa.SMEM_RED_FLOATS:
+        raise ValueError(f"fused MLP: hidden size {dims.d} too large for the partial-sum buffer")
     qkv_m = dims.q_dim + 2 * dims.kv_dim
     shapes = {"QKV": (qkv_m, dims.d, 1), "OPROJ": (dims.d, dims.q_dim, 1), "GATEUP": (dims.ffn, dims.d, 2),
               "DOWN": (dims.d, dims.ffn, 1), "LMHEAD": (dims.vocab, dims.d, 1)}
@@ -144,9 +157,14 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None) -> Schedule:
     rows["OPROJ"] = oproj_rows(dims, n_sm, n_splits, rows["OPROJ"])
     counts = {k: math.ceil(shapes[k][0] / rows[k]) for k in shapes}
     counts["ATTN"] = dims.n_kv * n_splits
+    if fused_mlp:   # an MLP instruction takes a GATEUP instruction's rows; no DOWN instructions
+        rows["MLP"], counts["MLP"] = rows.pop("GATEUP"), counts.pop("GATEUP")
+        del rows["DOWN"], counts["DOWN"]
     L = dims.n_layers
     sched = Schedule(dims=dims, n_sm=n_sm, n_splits=n_splits, rows=rows, counts=counts,
-                     per_sm=[[] for _ in range(n_sm)], n_counters=isa.n_counters(L, dims.n_kv))
+                     per_sm=[[] for _ in range(n_sm)], n_counters=isa.n_counters(L, dims.n_kv), fused_mlp=fused_mlp)
+    # the stage whose counter the residual's consumers (next QKV, LMHEAD) wait for, and its producers per step
+    last, last_ctr = ("MLP", isa.CTR_GATEUP) if fused_mlp else ("DOWN", isa.CTR_DOWN)
     cursor = 0
 
     def emit(instrs):
@@ -164,6 +182,8 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None) -> Schedule:
             sched.per_sm[(c0 + n_attn - 1 - i) % n_sm].append(tuple(int(v) for v in ins))
         cursor += len(instrs)
 
+    shapes["MLP"] = shapes["GATEUP"]
+
     def matvec(op, layer, wait_ctr, wait_n, sig_ctr):
         m, r = shapes[op][0], rows[op]
         out = []
@@ -178,7 +198,7 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None) -> Schedule:
         if layer == 0:
             w_ctr, w_n = tok, 1
         else:
-            w_ctr, w_n = ci(layer - 1, isa.CTR_DOWN), counts["DOWN"]
+            w_ctr, w_n = ci(layer - 1, last_ctr), counts[last]
         emit(matvec("QKV", layer, w_ctr, w_n, ci(layer, isa.CTR_QKV)))
         c0 = cursor
         emit([(isa.OPS["ATTN"], layer, h, s, ci(layer, isa.CTR_QKV), counts["QKV"],
@@ -186,9 +206,12 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None) -> Schedule:
               for s in range(n_splits) for h in range(dims.n_kv)])
         emit_after_attn(matvec("OPROJ", layer, ci(layer, isa.CTR_ATTN_DONE), dims.n_kv, ci(layer, isa.CTR_OPROJ)),
                         c0, counts["ATTN"])
+        if fused_mlp:
+            emit(matvec("MLP", layer, ci(layer, isa.CTR_OPROJ), counts["OPROJ"], ci(layer, isa.CTR_GATEUP)))
+            continue
         emit(matvec("GATEUP", layer, ci(layer, isa.CTR_OPROJ), counts["OPROJ"], ci(layer, isa.CTR_GATEUP)))
         emit(matvec("DOWN", layer, ci(layer, isa.CTR_GATEUP), counts["GATEUP"], ci(layer, isa.CTR_DOWN)))
-    emit(matvec("LMHEAD", 0, ci(L - 1, isa.CTR_DOWN), counts["DOWN"], isa.lm_counter(L)))
+    emit(matvec("LMHEAD", 0, ci(L - 1, last_ctr), counts[last], isa.lm_counter(L)))
     # The sampler bumps TOKEN once the next token's embedding is in x.
     sched.per_sm[0].append((isa.OPS["SAMPLE"], 0, 0, 0, isa.lm_counter(L), counts["LMHEAD"], tok, 0))
     return sched
@@ -255,8 +278,9 @@ def check(sched: Schedule) -> None:
     op_name = {v: k for k, v in isa.OPS.items()}
     order = {}  # (layer, op) -> global rank
     rank = 0
+    stages = ("QKV", "ATTN", "OPROJ", "MLP") if sched.fused_mlp else ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN")
     for layer in range(L):
-        for op in ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN"):
+        for op in stages:
             order[(layer, isa.OPS[op])] = rank
             rank += 1
     order[(0, isa.OPS["LMHEAD"])] = rank
@@ -264,7 +288,7 @@ def check(sched: Schedule) -> None:
     signallers: dict[int, int] = {}
     covered: dict[tuple[int, int], np.ndarray] = {}
     sizes = {"QKV": dm.q_dim + 2 * dm.kv_dim, "OPROJ": dm.d, "GATEUP": dm.ffn, "DOWN": dm.d, "LMHEAD": dm.vocab,
-             "ATTN": dm.n_kv * sched.n_splits}
+             "ATTN": dm.n_kv * sched.n_splits, "MLP": dm.ffn}
     for lst in sched.per_sm:
         last = -1
         for ins in lst:
@@ -285,7 +309,7 @@ def check(sched: Schedule) -> None:
                 signallers[sc] = signallers.get(sc, 0) + 1
     for key, cov in covered.items():
         assert (cov == 1).all(), f"stage {key} rows not covered exactly once"
-    assert len(covered) == 5 * L + 2, "missing stages"
+    assert len(covered) == len(stages) * L + 2, "missing stages"
     for lst in sched.per_sm:
         for ins in lst:
             op, layer, a0, a1, wc, wn, sc, aux = ins

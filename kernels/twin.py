@@ -90,6 +90,11 @@ class Twin:
         tags = {n: np.full(sz, -1, dtype=np.int64) for n, sz in
                 (("x", dm.d), ("qkv", qd + 2 * kvd), ("attn", qd), ("h", dm.ffn), ("part", dm.n_kv * S),
                  ("logits", dm.vocab), ("rec", sc.n_lm))}
+        # fused MLP schedule: the fixed-point MLP output (isa.ACC_FRAC_BITS), per element the tag of the (step,
+        # layer) adding into it (-1: zero), and how many MLP instructions have added per tag
+        acc = np.zeros(dm.d, dtype=np.int64)
+        acc_tag = np.full(dm.d, -1, dtype=np.int64)
+        acc_n: dict[int, int] = {}
         kv_tag = np.full((L, dm.n_kv, k_cache.shape[3]), -1, dtype=np.int64)
         kv_tag[:, :, :valid_len] = -2   # prefilled
         ctr = np.zeros(sc.n_counters, dtype=np.int64)
@@ -101,6 +106,8 @@ class Twin:
         def embed(tok, step):
             x.copy_(m.embed[tok].float().cpu())
             tags["x"][:] = _tag(step, -1, EMBED)
+            acc[:] = 0          # SAMPLE zeroes the accumulator with the embedding (fused MLP)
+            acc_tag[:] = -1
 
         embed(token, 0)
         ctr[tok_ctr] += 1
@@ -153,12 +160,13 @@ class Twin:
         k_cache, v_cache, slot = env["k_cache"], env["v_cache"], env["slot"]
         L, g, hd, S = dm.n_layers, dm.group, dm.head_dim, sc.n_splits
         qd, kvd = dm.q_dim, dm.kv_dim
-        x_in = _tag(step, layer - 1, isa.OPS["DOWN"]) if layer > 0 else _tag(step, -1, EMBED)
+        x_in = _tag(step, layer - 1, isa.OPS["OPROJ" if sc.fused_mlp else "DOWN"]) if layer > 0 \
+            else _tag(step, -1, EMBED)
         name = {v: k for k, v in isa.OPS.items()}[op]
         if name == "QKV":
             self._expect(tags["x"], x_in, "x", ins)
             w = self.layers[layer]
-            xn = self._norm(x, w.ln1.cpu())
+            xn = self._norm(self._residual(x, layer - 1, step, ins, env), w.ln1.cpu())
             r = slice(a0, a0 + a1)
             y = w.wqkv[r].float().cpu() @ xn
             if w.bqkv is not None:
@@ -213,7 +221,12 @@ class Twin:
             self._expect(tags["attn"], _tag(step, layer, isa.OPS["ATTN"]), "attn", ins)
             r = slice(a0, a0 + a1)
             self._expect(tags["x"][r], x_in, "x rows", ins)
-            x[r] += self.layers[layer].wo[r].float().cpu() @ attn
+            y = self.layers[layer].wo[r].float().cpu() @ attn
+            if sc.fused_mlp:   # materialise the last MLP's output into x[rows] and zero it there
+                x[r] = self._residual(x, layer - 1, step, ins, env, r) + y
+                env["acc"][r], env["acc_tag"][r] = 0, -1
+            else:
+                x[r] += y
             tags["x"][r] = _tag(step, layer, op)
         elif name == "GATEUP":
             self._expect(tags["x"], _tag(step, layer, isa.OPS["OPROJ"]), "x", ins)
@@ -224,6 +237,19 @@ class Twin:
             up = w.wgu[f + a0:f + a0 + a1].float().cpu() @ xn
             h[a0:a0 + a1] = F.silu(gt) * up
             tags["h"][a0:a0 + a1] = _tag(step, layer, op)
+        elif name == "MLP":
+            self._expect(tags["x"], _tag(step, layer, isa.OPS["OPROJ"]), "x", ins)
+            t = _tag(step, layer, op)
+            if not np.isin(env["acc_tag"], (-1, t)).all():
+                raise ScheduleError(f"{ins}: acc still holds another layer's output")
+            w = self.layers[layer]
+            xn = self._norm(x, w.ln2.cpu())
+            f = dm.ffn
+            hs = F.silu(w.wgu[a0:a0 + a1].float().cpu() @ xn) * (w.wgu[f + a0:f + a0 + a1].float().cpu() @ xn)
+            y = w.wd[:, a0:a0 + a1].float().cpu() @ hs
+            env["acc"] += np.rint(y.numpy() * np.float32(2.0 ** isa.ACC_FRAC_BITS)).astype(np.int64)
+            env["acc_tag"][:] = t
+            env["acc_n"][t] = env["acc_n"].get(t, 0) + 1
         elif name == "DOWN":
             self._expect(tags["h"], _tag(step, layer, isa.OPS["GATEUP"]), "h", ins)
             r = slice(a0, a0 + a1)
@@ -231,8 +257,8 @@ class Twin:
             x[r] += self.layers[layer].wd[r].float().cpu() @ h
             tags["x"][r] = _tag(step, layer, op)
         elif name == "LMHEAD":
-            self._expect(tags["x"], _tag(step, L - 1, isa.OPS["DOWN"]), "x", ins)
-            xn = self._norm(x, m.norm.cpu())
+            self._expect(tags["x"], _tag(step, L - 1, isa.OPS["OPROJ" if sc.fused_mlp else "DOWN"]), "x", ins)
+            xn = self._norm(self._residual(x, L - 1, step, ins, env), m.norm.cpu())
             r = slice(a0, a0 + a1)
             lg = m.lm_head[r].float().cpu() @ xn
             logits[r] = lg
@@ -244,6 +270,24 @@ class Twin:
             self._expect(tags["logits"], _tag(step, 0, isa.OPS["LMHEAD"]), "logits", ins)
             self._sample(step, env)
         ctr[sig] += 1
+
+    def _residual(self, x: torch.Tensor, layer: int, step: int, ins, env, rows=slice(None)) -> torch.Tensor:
+        """x[rows] + the fused MLP output of `layer` (complete: every MLP instruction of it added), as the kernel
+        reads it (acc_value: int64 -> fp32, then the exact power-of-two scale); x itself without the fused MLP.
+        Layer -1 (before layer 0): the accumulator must be zero."""
+        if not self.s.fused_mlp:
+            return x[rows]
+        tags = env["acc_tag"][rows]
+        if layer < 0:
+            if not (tags == -1).all():
+                raise ScheduleError(f"{ins}: acc not zero before layer 0")
+            return x[rows]
+        t = _tag(step, layer, isa.OPS["MLP"])
+        if not (tags == t).all() or env["acc_n"].get(t, 0) != self.s.counts["MLP"]:
+            raise ScheduleError(f"{ins}: acc of layer {layer} incomplete ({env['acc_n'].get(t, 0)} of "
+                                f"{self.s.counts['MLP']} MLP instructions) or overwritten")
+        accf = torch.from_numpy(env["acc"][rows].astype(np.float32)) * (2.0 ** -isa.ACC_FRAC_BITS)
+        return x[rows] + accf
 
     def _record(self, lg: torch.Tensor, row0: int, step: int, env) -> dict:
         T, seed = env["temperature"], env["seed"]

@@ -137,7 +137,7 @@ class MonokernelBackend(Backend):
     def describe(self) -> str:
         s = self.mk.sched
         return (f"monokernel ({self.mk.n_sm} CTAs, {sum(map(len, s.per_sm))} instructions/step, "
-                f"{self.mk.mv_loop} matvec loop)")
+                f"{self.mk.mv_loop} matvec loop, {'fused MLP' if self.mk.fused_mlp else 'GATEUP + DOWN'})")
 
     def prefill(self, slot, ids, start_pos, all_logits=False):
         out = self.prefill_graphs.prefill(slot, ids, start_pos, all_logits)

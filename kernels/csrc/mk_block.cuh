@@ -2,6 +2,18 @@
 // Included by monokernel.cu only (one translation unit); relies on its includes and defines.
 #pragma once
 
+// ---------------------------------------------------------------- fixed-point accumulator (fused MLP)
+// acc[i] holds value * 2^MK_ACC_FRAC_BITS as a two's-complement int64 (mk_mlp.cuh adds the MLP's partials).
+constexpr float kAccScale = (float)(1ull << MK_ACC_FRAC_BITS);
+
+MK_DEV float acc_value(long long v) { return __ll2float_rn(v) * (1.f / kAccScale); }
+
+// a += acc[0..4) (16-byte aligned)
+MK_DEV void acc_add4(float4& a, const unsigned long long* acc) {
+    const longlong2 u = mk_ld_cg_s64x2(acc), v = mk_ld_cg_s64x2(acc + 2);
+    a.x += acc_value(u.x); a.y += acc_value(u.y); a.z += acc_value(v.x); a.w += acc_value(v.y);
+}
+
 // ---------------------------------------------------------------- block helpers
 MK_DEV float warp_sum(float v) {
 #pragma unroll
@@ -124,10 +136,13 @@ MK_DEV void load_vec(float* dst, const float* src, int n) {
 // and the warps' partial sums of squares in scr[0 .. NW); returns rsqrt(mean(src^2) + eps), the factor of every
 // output row. One pass and one barrier, where norm_vec needs three barriers and a second pass that reads w only
 // after the reduction. Ends synced.
-MK_DEV float norm_vec_scale(float* dst, const float* src, const float* w, int n, float eps, float* scr) {
+// acc (fused MLP schedule, else NULL): the fixed-point MLP output (acc_add4) added to src first.
+MK_DEV float norm_vec_scale(float* dst, const float* src, const float* w, int n, float eps, float* scr,
+                            const unsigned long long* acc = nullptr) {
     float ss = 0.f;
     for (int i = threadIdx.x * 4; i < n; i += NT * 4) {
-        const float4 a = mk_ld_cg4((const float4*)(src + i));
+        float4 a = mk_ld_cg4((const float4*)(src + i));
+        if (acc != nullptr) acc_add4(a, acc + i);
         const float4 g = *(const float4*)(w + i);
         *(float4*)(dst + svx(i)) = make_float4(a.x * g.x, a.y * g.y, a.z * g.z, a.w * g.w);
         ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
@@ -142,10 +157,12 @@ MK_DEV float norm_vec_scale(float* dst, const float* src, const float* w, int n,
 }
 
 // dst = RMSNorm(src) * w, fp32, n % 4 == 0, dst swizzled (svx). Ends synced.
-MK_DEV void norm_vec(float* dst, const float* src, const float* w, int n, float eps, float* scr) {
+MK_DEV void norm_vec(float* dst, const float* src, const float* w, int n, float eps, float* scr,
+                     const unsigned long long* acc = nullptr) {
     float ss = 0.f;
     for (int i = threadIdx.x * 4; i < n; i += NT * 4) {
-        const float4 a = mk_ld_cg4((const float4*)(src + i));
+        float4 a = mk_ld_cg4((const float4*)(src + i));
+        if (acc != nullptr) acc_add4(a, acc + i);
         *(float4*)(dst + svx(i)) = a;
         ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
     }

@@ -27,6 +27,8 @@
 #define MK_TP 1
 #endif
 constexpr bool kTP = MK_TP != 0;
+// The fused MLP schedule (mk_mlp.cuh, p.acc != NULL) exists in the one-GPU one-set build only.
+constexpr bool kFusedMlp = !kTP && MK_MV_PIPE == 0;
 
 // This rank's receive buffer of (layer, stage 0 = OPROJ | 1 = DOWN), source rank 0; source r is + r * d.
 MK_DEV size_t xr_off(const MkParams& p, int layer, int stage) {
@@ -244,9 +246,11 @@ MK_DEV bool xr_wait(const MkParams& p, const int* ins, int step, int* sflag) {
 // Returns the factor the matvec's outputs still need: with nothing pending (one GPU, tp = 1, the first stage), QKV
 // and GATEUP leave the RMS scale to their outputs (norm_vec_scale); everywhere else dst is fully normalised and the
 // factor is 1.
+// The fused MLP schedule: QKV and LMHEAD normalise x + acc (the last MLP's output, mk_mlp.cuh).
 MK_DEV float xr_norm_of_x(const MkParams& p, float* dst, const float* w, int op, float* scr) {
-    if (op != MK_OP_LMHEAD) return norm_vec_scale(dst, p.x, w, p.d, p.eps, scr);
-    norm_vec(dst, p.x, w, p.d, p.eps, scr);
+    const unsigned long long* acc = kFusedMlp && (op == MK_OP_QKV || op == MK_OP_LMHEAD) ? p.acc : nullptr;
+    if (op != MK_OP_LMHEAD) return norm_vec_scale(dst, p.x, w, p.d, p.eps, scr, acc);
+    norm_vec(dst, p.x, w, p.d, p.eps, scr, acc);
     return 1.f;
 }
 
@@ -284,6 +288,13 @@ MK_DEV float xr_norm(const MkParams& p, float* dst, const float* w, int op, int 
 // OPROJ / DOWN output of rows [a0, a0 + R) (out: shared memory). Single GPU: x[rows] += out. Tensor parallel:
 // materialise the previous exchanged stage into x[rows], then push out to every rank (steps 1 and 2 above).
 MK_DEV void xr_residual(const MkParams& p, int op, int layer, int a0, int R, const float* out) {
+    if (kFusedMlp && p.acc != nullptr) {   // fused MLP (OPROJ): x[rows] += the last MLP's output, then zero it there
+        for (int r = threadIdx.x; r < R; r += NT) {
+            p.x[a0 + r] = (mk_ld_cg(p.x + a0 + r) + acc_value(mk_ld_cg_s64(p.acc + a0 + r))) + out[r];
+            p.acc[a0 + r] = 0ull;
+        }
+        return;
+    }
     if (!kTP || p.tp_size <= 1) {
         for (int r = threadIdx.x; r < R; r += NT) p.x[a0 + r] = mk_ld_cg(p.x + a0 + r) + out[r];
         return;

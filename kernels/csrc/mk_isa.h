@@ -8,6 +8,7 @@
 #define MK_OP_DOWN 5
 #define MK_OP_LMHEAD 6
 #define MK_OP_SAMPLE 7
+#define MK_OP_MLP 8
 
 #define MK_F_OP 0
 #define MK_F_LAYER 1
@@ -26,6 +27,7 @@
 #define MK_MV_UNROLL 4
 #define MK_MV_UNROLL_PIPE 3
 #define MK_TRACE_WORDS 6
+#define MK_ACC_FRAC_BITS 28
 #define MK_MAX_GROUP 8
 #define MK_KPAD 8
 #define MK_MAX_SPLITS 64
@@ -60,6 +62,7 @@ struct MkLayer {
     const float* ln2;
     const mk_bf16* wgu;
     const mk_bf16* wd;
+    const mk_bf16* wdt;
 };
 
 struct MkParams {
@@ -78,6 +81,7 @@ struct MkParams {
     float* lmrec;
     unsigned* ctr;
     int* status;
+    unsigned long long* acc;
     const int* instr;
     const int* sm_off;
     const int* forced;

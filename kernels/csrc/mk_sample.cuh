@@ -145,6 +145,8 @@ MK_DEV void op_sample(const MkParams& p, int step, float* sm, float* scr, int* s
         const int nxt = p.forced ? p.forced[step + 1] : tok;
         const mk_bf16* e = p.embed + (size_t)nxt * p.d;
         for (int i = threadIdx.x; i < p.d; i += NT) p.x[i] = mk_bf2f(e[i]);
+        if (kFusedMlp && p.acc != nullptr)   // fused MLP: every LMHEAD has read the last layer's output
+            for (int i = threadIdx.x; i < p.d; i += NT) p.acc[i] = 0ull;
     }
 }
 

@@ -65,6 +65,10 @@ MK_DEV float2 mk_ld_cg2(const float2* p) { return __ldcg(p); }
 MK_DEV int mk_ld_cg_i(const int* p) { return __ldcg(p); }
 MK_DEV unsigned mk_ld_cg_u32(const void* p) { return __ldcg((const unsigned*)p); }
 MK_DEV uint2 mk_ld_cg_u64(const void* p) { return __ldcg((const uint2*)p); }
+MK_DEV long long mk_ld_cg_s64(const unsigned long long* p) { return __ldcg((const long long*)p); }
+MK_DEV longlong2 mk_ld_cg_s64x2(const unsigned long long* p) { return __ldcg((const longlong2*)p); }
+// Fire-and-forget integer add at gpu scope (the result is unused: RED); a later release orders it.
+MK_DEV void mk_red_add_u64(unsigned long long* p, unsigned long long v) { atomicAdd(p, v); }
 MK_DEV float mk_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 MK_DEV int mk_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 MK_DEV float mk_bf2f(mk_bf16 v) { return __bfloat162float(v); }

@@ -36,6 +36,9 @@ MK_DEV void trace(const MkParams& p, int step, int ii, int k) {
 #include "mk_matvec.cuh"
 #include "mk_sample.cuh"
 #include "mk_attention.cuh"
+#if !MK_TP && !MK_MV_PIPE   // kFusedMlp
+#include "mk_mlp.cuh"
+#endif
 
 // ---------------------------------------------------------------- weight prefetch
 // Weights do not depend on data: before spinning on an instruction's inputs, ask L2 for the first
@@ -61,6 +64,10 @@ MK_DEV void prefetch_instr(const MkParams& p, const int* ins) {
         prefetch_rows(Lw.wgu, (size_t)p.ffn + a0, a1, p.d, b / 2);
         break;
     case MK_OP_DOWN: prefetch_rows(Lw.wd, a0, a1, p.ffn, b); break;
+    case MK_OP_MLP:
+        prefetch_rows(Lw.wgu, a0, a1, p.d, b / 2);
+        prefetch_rows(Lw.wgu, (size_t)p.ffn + a0, a1, p.d, b / 2);
+        break;
     case MK_OP_LMHEAD: prefetch_rows(p.lm_head, a0, a1, p.d, b); break;
     default: break;
     }
@@ -105,7 +112,8 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             switch (op) {
             case MK_OP_QKV: m.base = Lw.wqkv; R = a1; K = p.d; break;
             case MK_OP_OPROJ: m.base = Lw.wo; R = a1; K = p.q_dim; break;
-            case MK_OP_GATEUP: m.base = Lw.wgu; m.off2 = p.ffn; R = 2 * a1; K = p.d; break;
+            case MK_OP_GATEUP:
+            case MK_OP_MLP: m.base = Lw.wgu; m.off2 = p.ffn; R = 2 * a1; K = p.d; break;
             case MK_OP_DOWN: m.base = Lw.wd; R = a1; K = p.ffn; break;
             case MK_OP_LMHEAD: m.base = p.lm_head; R = a1; K = p.d; break;
             default: break;
@@ -154,6 +162,16 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
                 }
                 break;
             }
+#if !MK_TP && !MK_MV_PIPE
+            case MK_OP_MLP: {
+                const float rs = xr_norm(p, sv, Lw.ln2, op, layer, scr);
+                trace(p, step, ii, 3);
+                matvec(m, R, K, sv, red, out, w, cb, pre);
+                trace(p, step, ii, 4);
+                mlp_down(p, Lw.wdt, a0, a1, rs, out, red, step, ii);
+                break;
+            }
+#endif
             case MK_OP_DOWN: {
                 load_vec(sv, p.h, p.ffn);
                 __syncthreads();

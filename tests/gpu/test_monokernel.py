@@ -263,3 +263,36 @@ def test_other_matvec_loop_matches_reference(name):
     end = PROMPT + steps   # KV written exactly at the decoded positions, untouched beyond
     assert rel(s.k16[:, :, :, PROMPT:end].float(), s.k32[:, :, :, PROMPT:end]) < 1e-2
     assert torch.isnan(s.k16[:, :, :, end:].float()).all()
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_fused_mlp_matches_reference_and_the_gateup_down_schedule(name):
+    """The one-set build runs the fused MLP schedule by default (schedule.build(fused_mlp=True)), the pipelined one
+    GATEUP + DOWN. In the one-set build both schedules must match the fp32 reference teacher-forced, be close to each
+    other (the fixed-point adds and the DOWN partials' order differ), and the fused one must be bit-reproducible
+    (its integer adds do not depend on the order the SMs add in)."""
+    from kernels.runtime import Monokernel
+    s = setup_for(name)
+    assert s.mk.fused_mlp == (s.mk.mv_loop == "one-set")
+    steps = 64
+    fused = s.mk if s.mk.fused_mlp else Monokernel(s.m16, s.k16, s.v16, max_steps=steps + 8, mv_loop="one-set",
+                                                     fused_mlp=True)
+    split = Monokernel(s.m16, s.k16, s.v16, max_steps=steps + 8, mv_loop="one-set", fused_mlp=False)
+    assert fused.fused_mlp and not split.fused_mlp
+    forced = s.ids[PROMPT:PROMPT + steps].tolist()
+    ref = torch.stack([s.m32.forward(s.k32, s.v32, 0, s.ids[PROMPT + j:PROMPT + j + 1].cuda(), PROMPT + j)
+                       for j in range(steps)])
+    outs = []
+    for kernel in (fused, fused, split):
+        s.restore()
+        out = torch.full((steps, s.cfg.vocab_size), float("nan"), device="cuda")
+        kernel.run(0, forced[0], PROMPT, steps, forced=forced, logits_out=out)
+        outs.append(out)
+    err_f = max(rel(outs[0][j], ref[j]) for j in range(steps))
+    err_s = max(rel(outs[2][j], ref[j]) for j in range(steps))
+    between = max(rel(outs[2][j], outs[0][j]) for j in range(steps))
+    print(f"\n{name}: one-set build teacher-forced rel L2 max: fused MLP {err_f:.2e}, GATEUP + DOWN {err_s:.2e}; "
+          f"between them {between:.2e}")
+    assert err_f <= 1e-2 and err_s <= 1e-2
+    assert 0 < between <= 1e-3
+    assert torch.equal(outs[0], outs[1])

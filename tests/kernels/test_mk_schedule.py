@@ -25,6 +25,31 @@ def test_real_shapes_on_h200(name):
     assert off[-1] == len(ins) and ins.shape[1] == isa.INSTR_WORDS
 
 
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "llama-3.2-1b", "qwen2.5-coder-1.5b"])
+def test_fused_mlp_schedule_on_h200(name):
+    dims = schedule.Dims.of(preset(name))
+    plain, s = schedule.build(dims, n_sm=132), schedule.build(dims, n_sm=132, fused_mlp=True)
+    schedule.check(s)
+    ops = {ins[0] for lst in s.per_sm for ins in lst}
+    assert isa.OPS["MLP"] in ops and not ops & {isa.OPS["GATEUP"], isa.OPS["DOWN"]}
+    # an MLP instruction takes exactly a GATEUP instruction's rows; one handoff per layer fewer
+    assert s.rows["MLP"] == plain.rows["GATEUP"] and s.counts["MLP"] == plain.counts["GATEUP"] <= 132
+    assert sum(map(len, s.per_sm)) == sum(map(len, plain.per_sm)) - dims.n_layers * plain.counts["DOWN"]
+    assert schedule.mlp_partial_floats(dims.d) <= isa.SMEM_RED_FLOATS
+    assert s.smem_bytes() == plain.smem_bytes()
+    # the next layer's QKV and the LM head wait for every MLP instruction of the layer before
+    L = dims.n_layers
+    waits = {(ins[0], ins[1]): (ins[4], ins[5]) for lst in s.per_sm for ins in lst}
+    assert waits[(isa.OPS["QKV"], 1)] == (isa.counter_index(0, isa.CTR_GATEUP), s.counts["MLP"])
+    assert waits[(isa.OPS["LMHEAD"], 0)] == (isa.counter_index(L - 1, isa.CTR_GATEUP), s.counts["MLP"])
+
+
+def test_fused_mlp_rejects_a_hidden_size_the_partials_do_not_fit():
+    with pytest.raises(ValueError):
+        schedule.build(schedule.Dims.of(tiny_cfg(hidden_size=16384, n_heads=128, n_kv_heads=8, head_dim=128)),
+                       n_sm=8, fused_mlp=True)
+
+
 @pytest.mark.parametrize("n_sm", [1, 3, 8, 13])
 def test_tiny_any_sm_count(n_sm):
     s = schedule.build(schedule.Dims.of(tiny_cfg()), n_sm=n_sm)

@@ -12,10 +12,13 @@ _spec.loader.exec_module(mk_trace)
 NAMES = {v: k for k, v in isa.OPS.items()}
 
 
-def _records(hop_ns=300, work_ns=2000, layers=3, sms=4):
+SPLIT_MLP = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN")
+
+
+def _records(hop_ns=300, work_ns=2000, layers=3, sms=4, stages=SPLIT_MLP):
     recs, t = [], 0
     for layer in range(layers):
-        for op in ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN"):
+        for op in stages:
             ready = t + hop_ns
             for sm in range(sms):   # the SM-th instruction finishes sm * 100 ns after the first
                 recs.append(dict(sm=sm, index=0, op=isa.OPS[op], layer=layer, t_wait=t, t_ready=ready,
@@ -27,7 +30,7 @@ def _records(hop_ns=300, work_ns=2000, layers=3, sms=4):
 
 def test_hop_span_and_spread_per_stage():
     tab = mk_trace.stage_table(_records(), NAMES)
-    for op in mk_trace.STAGE_ORDER:
+    for op in SPLIT_MLP:
         assert tab[op]["span_us"] == pytest.approx(2.3)
         assert tab[op]["spread_us"] == pytest.approx(0.3 - 0.15)   # last 300 ns, median of 0..300 is 150
     # the very first stage has no producer before it; every other stage waited 300 ns for its inputs
@@ -40,8 +43,22 @@ def test_hop_span_and_spread_per_stage():
 def test_stage_order_is_the_kernel_order_not_alphabetical():
     recs = _records(hop_ns=1000, work_ns=500, layers=1, sms=1)
     tab = mk_trace.stage_table(recs, NAMES)
-    assert all(tab[op]["hop_us"] >= 0 for op in mk_trace.STAGE_ORDER)
+    assert all(tab[op]["hop_us"] >= 0 for op in SPLIT_MLP)
     assert "DOWN" in mk_trace.format_table("x", tab)
+
+
+def test_fused_mlp_stage_and_its_parts():
+    recs = _records(layers=2, stages=("QKV", "ATTN", "OPROJ", "MLP"))
+    for r in recs:   # MLP: norm done 200 ns after ready, GATEUP rows 1000 ns, DOWN share 500 ns, then the adds
+        if NAMES[r["op"]] == "MLP":
+            r.update(t_mv=r["t_ready"] + 200, t_q=r["t_ready"] + 1200, t_loop=r["t_ready"] + 1700)
+    tab = mk_trace.stage_table(recs, NAMES)
+    assert "GATEUP" not in tab and "DOWN" not in tab
+    assert tab["layer_us"] == pytest.approx(4 * (0.3 + 2.3))
+    assert tab["MLP"]["gu_us"] == pytest.approx(1.0) and tab["MLP"]["down_us"] == pytest.approx(0.5)
+    assert tab["MLP"]["red_us"] == pytest.approx(0.3 + 0.15)   # to t_done: work 2000 + sm * 100, median sm 1.5
+    assert "q_us" not in tab["MLP"]
+    assert "gateup 1.00 down 0.50" in mk_trace.format_table("x", tab)
 
 
 def test_prep_and_matvec_split_from_the_matvec_stamp():

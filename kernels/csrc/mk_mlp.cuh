@@ -1,0 +1,58 @@
+// Fused MLP of the one-GPU schedule (isa.OPS["MLP"], schedule.build(fused_mlp=True)): an instruction runs the
+// GATEUP rows [a0, a0 + a1) as before (the caller's matvec), then their share of DOWN: y = Wd[:, a0 .. a0 + a1) . h
+// over all d rows, from Wd^T rows a0 .. a0 + a1 (contiguous), added to the fixed-point accumulator acc[]
+// (mk_block.cuh). The layer's residual is then x + acc: no DOWN stage, no second counter handoff, no read of h.
+// Built into the one-set library only: the models the pipelined build suits ran slower fused (bench/NOTES.md,
+// session 10), and the code alone costs that build registers.
+// Included by monokernel.cu only (one translation unit); relies on its includes and defines.
+#pragma once
+
+// Wd^T loads in flight per thread in the DOWN share.
+#define MLP_DOWN_DEPTH 8
+
+// out: gate rows [0, a1) then up rows [a1, 2 a1) of the unscaled vector, rs their RMS factor; red: scratch of
+// schedule.mlp_partial_floats(d) floats. Ends with this CTA's adds issued (the caller's signal releases them).
+MK_DEV void mlp_down(const MkParams& p, const mk_bf16* wdt, int a0, int a1, float rs, float* out, float* red,
+                     int step, int ii) {
+    for (int r = threadIdx.x; r < a1; r += NT) {
+        const float gt = out[r] * rs;
+        out[r] = gt / (1.f + expf(-gt)) * (out[a1 + r] * rs);   // h[a0 + r], kept in shared memory
+    }
+    __syncthreads();
+    // Thread u takes 16-byte chunk u % nch (8 of the d rows) of the slice's rows u / nch, + G, + 2G, ...; the G
+    // row groups' partial sums go to red[g * d ..] and are added in group order (fixed: reproducible).
+    const int d = p.d, nch = d >> 3;
+    const int G = nch < NT ? NT / nch : 1;
+    for (int u = threadIdx.x; u < G * nch; u += NT) {
+        const int c = u % nch, g = u / nch;
+        const mk_bf16* col = wdt + (size_t)a0 * d + (size_t)c * 8;
+        float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+        for (int r0 = g; r0 < a1; r0 += MLP_DOWN_DEPTH * G) {
+            uint4 w[MLP_DOWN_DEPTH];
+#pragma unroll
+            for (int k = 0; k < MLP_DOWN_DEPTH; ++k) {
+                const int r = r0 + k * G;
+                w[k] = r < a1 ? mk_ld_stream16(col + (size_t)r * d) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int k = 0; k < MLP_DOWN_DEPTH; ++k) {
+                const int r = r0 + k * G;
+                const float hv = r < a1 ? out[r] : 0.f;
+                float f[8];
+                mk_unpack8(w[k], f);
+#pragma unroll
+                for (int e = 0; e < 8; ++e) y[e] += hv * f[e];
+            }
+        }
+        float4* dst = (float4*)(red + (size_t)g * d + c * 8);
+        dst[0] = make_float4(y[0], y[1], y[2], y[3]);
+        dst[1] = make_float4(y[4], y[5], y[6], y[7]);
+    }
+    __syncthreads();
+    trace(p, step, ii, 5);
+    for (int j = threadIdx.x; j < d; j += NT) {
+        float s = 0.f;
+        for (int g = 0; g < G; ++g) s += red[g * d + j];
+        mk_red_add_u64(p.acc + j, (unsigned long long)__float2ll_rn(s * kAccScale));
+    }
+}
