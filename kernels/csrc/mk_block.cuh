@@ -132,6 +132,13 @@ MK_DEV void load_vec(float* dst, const float* src, int n) {
         *(float4*)(dst + svx(i)) = mk_ld_cg4((const float4*)(src + i));
 }
 
+// ss + a.x^2 + a.y^2 + a.z^2 + a.w^2 as explicit fmas: an expression like x * x + y * y lets the compiler pick which
+// product to fuse, and its pick can differ between library builds, where the tensor-parallel build at tp_size 1 must
+// give the one-GPU build's bits (tests/gpu/test_tp_monokernel.py).
+MK_DEV float sum_sq4(float ss, const float4 a) {
+    return fmaf(a.w, a.w, fmaf(a.z, a.z, fmaf(a.y, a.y, fmaf(a.x, a.x, ss))));
+}
+
 // The RMSNorm input of a matvec with the scale left to its outputs (the matvec is linear): dst = src * w (swizzled)
 // and the warps' partial sums of squares in scr[0 .. NW); returns rsqrt(mean(src^2) + eps), the factor of every
 // output row. One pass and one barrier, where norm_vec needs three barriers and a second pass that reads w only
@@ -145,7 +152,7 @@ MK_DEV float norm_vec_scale(float* dst, const float* src, const float* w, int n,
         if (acc != nullptr) acc_add4(a, acc + i);
         const float4 g = *(const float4*)(w + i);
         *(float4*)(dst + svx(i)) = make_float4(a.x * g.x, a.y * g.y, a.z * g.z, a.w * g.w);
-        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        ss = sum_sq4(ss, a);
     }
     ss = warp_sum(ss);
     if ((threadIdx.x & 31) == 0) scr[threadIdx.x >> 5] = ss;
@@ -164,7 +171,7 @@ MK_DEV void norm_vec(float* dst, const float* src, const float* w, int n, float 
         float4 a = mk_ld_cg4((const float4*)(src + i));
         if (acc != nullptr) acc_add4(a, acc + i);
         *(float4*)(dst + svx(i)) = a;
-        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        ss = sum_sq4(ss, a);
     }
     ss = block_sum(ss, scr);
     const float r = rsqrtf(ss / (float)n + eps);

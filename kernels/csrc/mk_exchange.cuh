@@ -149,7 +149,7 @@ MK_DEV void xr_lane_norm(const MkParams& p, float* dst, const float* w, int op, 
             float ss = 0.f;
             for (int i = threadIdx.x * 4; i < n; i += NT * 4) {
                 const float4 a = mk_ld_cg4((const float4*)(f + i));
-                ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+                ss = sum_sq4(ss, a);
             }
             ss = block_sum(ss, scr);
             const float r = rsqrtf(ss / (float)n + p.eps);
@@ -168,7 +168,7 @@ MK_DEV void xr_lane_norm(const MkParams& p, float* dst, const float* w, int op, 
         float4 a = mk_ld_cg4((const float4*)(p.x + i));
         a.x += u.x; a.y += u.y; a.z += u.z; a.w += u.w;
         *(float4*)(dst + svx(i)) = a;
-        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        ss = sum_sq4(ss, a);
     }
     ss = block_sum(ss, scr);
     const float r = rsqrtf(ss / (float)n + p.eps);
@@ -276,7 +276,7 @@ MK_DEV float xr_norm(const MkParams& p, float* dst, const float* w, int op, int 
         float4 a = mk_ld_cg4((const float4*)(p.x + i));
         a.x += s.x; a.y += s.y; a.z += s.z; a.w += s.w;
         *(float4*)(dst + svx(i)) = a;
-        ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+        ss = sum_sq4(ss, a);
     }
     ss = block_sum(ss, scr);
     const float r = rsqrtf(ss / (float)n + p.eps);

@@ -168,7 +168,8 @@ def test_replicated_head_ranks_bit_identical_and_equal_to_vocab_parallel():
 
 def test_tp_close_to_single_gpu_monokernel_and_tp1_is_bit_identical():
     """tp=2 differs from the single-GPU kernel only by summation order; a TPMonokernel on one GPU runs the
-    single-GPU code path (tp_size 1): not one bit may differ from Monokernel with the same (one-set) matvec loop."""
+    single-GPU code path (tp_size 1): not one bit may differ from Monokernel with the same (one-set) matvec loop and
+    schedule (GATEUP + DOWN: the tensor-parallel build has no fused MLP)."""
     from kernels.runtime import Monokernel
     from kernels.tp_runtime import TPMonokernel
     s = setup()
@@ -176,7 +177,7 @@ def test_tp_close_to_single_gpu_monokernel_and_tp1_is_bit_identical():
     f = s.forced(n)
     V = s.cfg.vocab_size
     k, v = s.k16.clone(), s.v16.clone()
-    mk = Monokernel(s.m16, k, v, max_steps=256, mv_loop="one-set")   # the tensor-parallel build's loop
+    mk = Monokernel(s.m16, k, v, max_steps=256, mv_loop="one-set", fused_mlp=False)   # the TP build's loop + stages
     single = torch.empty(n, V, device=D0)
     mk.run(0, f[0], PROMPT, n, forced=f, logits_out=single)
     _, out0 = s.run_forced(n)
