@@ -55,7 +55,7 @@
 #define MMA_U 4             // mma-dram / mma-smem: steps (2 16-byte loads each) per lane per batch
 #define REPS 50
 #include "mk_block.cuh"     // warp_sum, svx (the activations' swizzle)
-#include "mk_matvec.cuh"    // MvBatch, mv_dot, matvec: the kernel's FMA matvec
+#include "mk_matvec.cuh"    // MvBatch, mv_dot, mv_reduce, matvec: the kernel's FMA matvec
 
 enum { FMA_SMEM, MMA_SMEM, MMA_SMEM_PAD, FMA_DRAM, MMA_DRAM, NMODES };
 static const char* kModes[NMODES] = {"fma-smem", "mma-smem", "mma-smem-pad", "fma-dram", "mma-dram"};
@@ -145,13 +145,7 @@ MK_DEV void fma_smem(const mk_bf16* rows, int KS, int R, int K, const float* sv,
                                          k < nrows && b.c0 + 32 * j < nch);
         mv_dot(nch, sv, red, w, b);
     }
-    __syncthreads();
-    for (int r = threadIdx.x; r < R; r += NT) {
-        float s = 0.f;
-        for (int g = 0; g < ipr; ++g) s += red[r * ipr + g];
-        out[r] = s;
-    }
-    __syncthreads();
+    mv_reduce(R, ipr, red, out);
 }
 
 // lanes t = 0 store the tile's rows g, g + 8 (columns 0 + 1: hi + lo products) to this warp's partials

@@ -76,6 +76,18 @@ MK_DEV void mv_dot(int nch, const float* sv, float* red, const uint4 (&w)[2][U],
     }
 }
 
+// After every warp's batches: out[r] = the sum of row r's ipr partials in red, in chunk-group order. Syncs before
+// and after.
+MK_DEV void mv_reduce(int R, int ipr, const float* red, float* out) {
+    __syncthreads();
+    for (int r = threadIdx.x; r < R; r += NT) {
+        float s = 0.f;
+        for (int g = 0; g < ipr; ++g) s += red[r * ipr + g];
+        out[r] = s;
+    }
+    __syncthreads();
+}
+
 // out[r] = W[row(r), :K] . sv for r < R (out, sv, red in shared memory; sv swizzled, svx). Work is split in
 // batches of two rows x 32 lanes x U 16-byte chunks, so 2U loads per lane are in flight.
 // Two loops, one per library build (kernels/build.py, the host picks per model: schedule.mv_pipelined_model):
@@ -108,11 +120,5 @@ MK_DEV void matvec(const RowMap& m, int R, int K, const float* sv, float* red, f
         mv_dot(nch, sv, red, w, b);
     }
 #endif
-    __syncthreads();
-    for (int r = threadIdx.x; r < R; r += NT) {
-        float s = 0.f;
-        for (int g = 0; g < ipr; ++g) s += red[r * ipr + g];
-        out[r] = s;
-    }
-    __syncthreads();
+    mv_reduce(R, ipr, red, out);
 }

@@ -95,20 +95,27 @@ def test_stop_id_and_cancel(qwen_tiny):
     assert c.finish == "cancelled" and c.tokens == free.tokens[:3]
 
 
-def test_weakened_wait_is_caught():
-    """Lower one OPROJ wait so it may run before attention is combined: the tags must notice."""
+def _assert_weakened_wait_caught(fused_mlp: bool, weaken, orders: int) -> None:
+    """Tiny model, 8 SMs: weaken(ins) -> the instruction with a weaker wait, or None to keep it; some SM order among
+    `orders` must make the twin's tags raise."""
     cfg = tiny_cfg()
     model = tiny_model(cfg)
     k, v = _prefill(model, cfg, [1, 2, 3])
-    sched = schedule.build(schedule.Dims.of(cfg), n_sm=8)
+    sched = schedule.build(schedule.Dims.of(cfg), n_sm=8, fused_mlp=fused_mlp)
+    schedule.check(sched)
     for lst in sched.per_sm:
         for i, ins in enumerate(lst):
-            if ins[0] == isa.OPS["OPROJ"]:
-                lst[i] = ins[:4] + (isa.counter_index(ins[1], isa.CTR_QKV), 1) + ins[6:]
+            lst[i] = weaken(ins) or ins
     twin = Twin(model, sched, rope_inv_freq(cfg))
     with pytest.raises(ScheduleError):
-        for order in range(6):
+        for order in range(orders):
             twin.run(k.clone(), v.clone(), 1, 3, 3, 3, order_seed=order)
+
+
+def test_weakened_wait_is_caught():
+    """Lower one OPROJ wait so it may run before attention is combined: the tags must notice."""
+    _assert_weakened_wait_caught(False, lambda ins: ins[:4] + (isa.counter_index(ins[1], isa.CTR_QKV), 1) + ins[6:]
+                                 if ins[0] == isa.OPS["OPROJ"] else None, 6)
 
 
 def test_temperature_sampling_is_seeded_and_top_p_stays_in_nucleus(qwen_tiny):
@@ -144,20 +151,9 @@ def test_fused_mlp_residual_waits_are_caught():
     """Fused MLP schedule: a QKV (or LMHEAD) waiting for one MLP instruction fewer reads an accumulator that is
     still missing a partial, and an MLP that does not wait for every OPROJ adds into a layer's output that OPROJ
     has not zeroed yet; the twin's accumulator tags must notice both, in some SM order."""
-    cfg = tiny_cfg()
-    model = tiny_model(cfg)
-    k, v = _prefill(model, cfg, [1, 2, 3])
     for target in ("QKV", "MLP"):
-        sched = schedule.build(schedule.Dims.of(cfg), n_sm=8, fused_mlp=True)
-        schedule.check(sched)
-        for lst in sched.per_sm:
-            for i, ins in enumerate(lst):
-                if ins[0] == isa.OPS[target] and ins[1] == 1:
-                    lst[i] = ins[:5] + (ins[5] - 1,) + ins[6:]
-        twin = Twin(model, sched, rope_inv_freq(cfg))
-        with pytest.raises(ScheduleError):
-            for order in range(12):
-                twin.run(k.clone(), v.clone(), 1, 3, 3, 3, order_seed=order)
+        _assert_weakened_wait_caught(True, lambda ins: ins[:5] + (ins[5] - 1,) + ins[6:]
+                                     if ins[0] == isa.OPS[target] and ins[1] == 1 else None, 12)
 
 
 def test_fused_mlp_greedy_tokens_equal_the_unfused_schedule(qwen_tiny):
