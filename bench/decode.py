@@ -129,20 +129,21 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
     row["fused_mlp"] = mk.fused_mlp
     del mkb, mk
     torch.cuda.empty_cache()
-    # the other library build's matvec loop (kernels/build.py), same launch otherwise: checks the per-model pick
-    other = "one-set" if row["mv_loop"] == "pipelined" else "pipelined"
-    mk2 = Monokernel(model, cache.k, cache.v, max_steps=N + 64, mv_loop=other)
-    mk2.run(0, tok0, ctx, 32)
-    row["mk_other_loop_us"] = timed(lambda: mk2.run(0, tok0, ctx, N), args.reps) / N * 1e6
-    del mk2
-    torch.cuda.empty_cache()
+
+    def other_kernel_us(**kw) -> float:
+        """us/token of another Monokernel configuration of this model, same launch otherwise."""
+        mk2 = Monokernel(model, cache.k, cache.v, max_steps=N + 64, **kw)
+        mk2.run(0, tok0, ctx, 32)
+        us = timed(lambda: mk2.run(0, tok0, ctx, N), args.reps) / N * 1e6
+        del mk2
+        torch.cuda.empty_cache()
+        return us
+
+    # the other library build's matvec loop (kernels/build.py): checks the per-model pick
+    row["mk_other_loop_us"] = other_kernel_us(mv_loop="one-set" if row["mv_loop"] == "pipelined" else "pipelined")
     # the one-set build with the MLP schedule it does not run by default (GATEUP + DOWN; the fused MLP is one-set
-    # only, so for a pipelined model this is the one-set build's other schedule too), same launch otherwise
-    mk3 = Monokernel(model, cache.k, cache.v, max_steps=N + 64, mv_loop="one-set", fused_mlp=False)
-    mk3.run(0, tok0, ctx, 32)
-    row["mk_other_mlp_us"] = timed(lambda: mk3.run(0, tok0, ctx, N), args.reps) / N * 1e6
-    del mk3
-    torch.cuda.empty_cache()
+    # only, so for a pipelined model this is the one-set build's other schedule too)
+    row["mk_other_mlp_us"] = other_kernel_us(mv_loop="one-set", fused_mlp=False)
 
     # graph backend (engine/backends/graph.py), if present
     try:
