@@ -230,23 +230,14 @@ class Twin:
             tags["x"][r] = _tag(step, layer, op)
         elif name == "GATEUP":
             self._expect(tags["x"], _tag(step, layer, isa.OPS["OPROJ"]), "x", ins)
-            w = self.layers[layer]
-            xn = self._norm(x, w.ln2.cpu())
-            f = dm.ffn
-            gt = w.wgu[a0:a0 + a1].float().cpu() @ xn
-            up = w.wgu[f + a0:f + a0 + a1].float().cpu() @ xn
-            h[a0:a0 + a1] = F.silu(gt) * up
+            h[a0:a0 + a1] = self._h_rows(x, layer, a0, a1)
             tags["h"][a0:a0 + a1] = _tag(step, layer, op)
         elif name == "MLP":
             self._expect(tags["x"], _tag(step, layer, isa.OPS["OPROJ"]), "x", ins)
             t = _tag(step, layer, op)
             if not np.isin(env["acc_tag"], (-1, t)).all():
                 raise ScheduleError(f"{ins}: acc still holds another layer's output")
-            w = self.layers[layer]
-            xn = self._norm(x, w.ln2.cpu())
-            f = dm.ffn
-            hs = F.silu(w.wgu[a0:a0 + a1].float().cpu() @ xn) * (w.wgu[f + a0:f + a0 + a1].float().cpu() @ xn)
-            y = w.wd[:, a0:a0 + a1].float().cpu() @ hs
+            y = self.layers[layer].wd[:, a0:a0 + a1].float().cpu() @ self._h_rows(x, layer, a0, a1)
             env["acc"] += np.rint(y.numpy() * np.float32(2.0 ** isa.ACC_FRAC_BITS)).astype(np.int64)
             env["acc_tag"][:] = t
             env["acc_n"][t] = env["acc_n"].get(t, 0) + 1
@@ -270,6 +261,12 @@ class Twin:
             self._expect(tags["logits"], _tag(step, 0, isa.OPS["LMHEAD"]), "logits", ins)
             self._sample(step, env)
         ctr[sig] += 1
+
+    def _h_rows(self, x: torch.Tensor, layer: int, a0: int, a1: int) -> torch.Tensor:
+        """h[a0:a0 + a1] = silu(gate rows . xn) * (up rows . xn), xn = RMSNorm(x) with ln2 (GATEUP and MLP)."""
+        w, f = self.layers[layer], self.dm.ffn
+        xn = self._norm(x, w.ln2.cpu())
+        return F.silu(w.wgu[a0:a0 + a1].float().cpu() @ xn) * (w.wgu[f + a0:f + a0 + a1].float().cpu() @ xn)
 
     def _residual(self, x: torch.Tensor, layer: int, step: int, ins, env, rows=slice(None)) -> torch.Tensor:
         """x[rows] + the fused MLP output of `layer` (complete: every MLP instruction of it added), as the kernel
