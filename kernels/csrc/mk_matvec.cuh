@@ -114,11 +114,21 @@ MK_DEV void matvec(const RowMap& m, int R, int K, const float* sv, float* red, f
         if (bj + NW < nb) mv_load(m, R, K, bj + NW, w, b);            // in flight during batch bj
         if (bj < nb) mv_dot(nch, sv, red, w2, b2);
     }
-#else
-    for (int bi = warp; bi < nb; bi += NW) {
-        if (!(preloaded && bi == warp)) mv_load(m, R, K, bi, w, b);
-        mv_dot(nch, sv, red, w, b);
-    }
-#endif
     mv_reduce(R, ipr, red, out);
+#else
+    // The warp's first batch (usually preloaded) outside the loop, and with one chunk group per row (ipr 1) the
+    // warp sums are the outputs themselves: one barrier, no reduction pass. bench/NOTES.md (session 11): -0.3 to
+    // -0.4 us per call against the loop over every batch followed by mv_reduce.
+    float* dst = ipr == 1 ? out : red;
+    if (warp < nb) {
+        if (!preloaded) mv_load(m, R, K, warp, w, b);
+        mv_dot(nch, sv, dst, w, b);
+    }
+    for (int bi = warp + NW; bi < nb; bi += NW) {
+        mv_load(m, R, K, bi, w, b);
+        mv_dot(nch, sv, dst, w, b);
+    }
+    if (ipr == 1) __syncthreads();
+    else mv_reduce(R, ipr, red, out);
+#endif
 }
