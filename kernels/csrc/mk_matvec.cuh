@@ -117,8 +117,8 @@ MK_DEV void matvec(const RowMap& m, int R, int K, const float* sv, float* red, f
     mv_reduce(R, ipr, red, out);
 #else
     // The warp's first batch (usually preloaded) outside the loop, and with one chunk group per row (ipr 1) the
-    // warp sums are the outputs themselves: one barrier, no reduction pass. bench/NOTES.md (session 11): -0.3 to
-    // -0.4 us per call against the loop over every batch followed by mv_reduce.
+    // warp sums are the outputs themselves: one barrier, no reduction pass. bench/NOTES.md (session 11): ~-0.1 us
+    // per matvec stage in the 0.5B trace against the loop over every batch followed by mv_reduce.
     float* dst = ipr == 1 ? out : red;
     if (warp < nb) {
         if (!preloaded) mv_load(m, R, K, warp, w, b);
