@@ -1,7 +1,8 @@
 """Times chain-SM schedules with / without the MLP stash against the every-SM fused schedule (needs
 50-mk-chain-sms-mlp-stash.patch applied; bench/NOTES.md, session 11).
 usage: python3 bench/experiments/50-chain-time.py SHAPE CONFIGS TAG
-  CONFIGS: every,c36:0,c36:1,c0:1,... (c<chain_sms>:<stash 0|1>; c0:1 = the stash on the every-SM schedule);
+  CONFIGS: every,c36:0,c36:1,c0:1,c0:1:17920,... (c<chain_sms>:<stash 0|1>[:<stash bytes>]; c0:1 = the stash on
+  the every-SM schedule; a byte count smaller than the region stashes only an instruction's last rows);
   prints us/token and the stage table per config, dumps each traced step to $OUT/trace_TAG_CONFIG.json."""
 import json
 import os
@@ -30,9 +31,11 @@ for c in configs:
     if c == "every":
         mk = Monokernel(model, cache.k, cache.v, max_steps=N + 64, mv_loop="one-set")
     else:
-        ch, st = c[1:].split(":")
+        ch, st, *size = c[1:].split(":")
         mk = Monokernel(model, cache.k, cache.v, max_steps=N + 64, mv_loop="one-set", chain_sms=int(ch),
                         stash=st == "1")
+        if size:
+            mk.stash_bytes = min(int(size[0]), mk.stash_bytes)
     mk.run(0, 1234, ctx, 32)
     row[c] = timed(lambda: mk.run(0, 1234, ctx, N), reps) / N * 1e6
     mk.enable_trace(100)
