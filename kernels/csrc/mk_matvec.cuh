@@ -96,7 +96,8 @@ MK_DEV void mv_reduce(int R, int ipr, const float* red, float* out) {
 //   flight while the current one is computed, so the stream has no gap between batches. Its U is smaller so
 //   that both sets fit 128 registers, which wastes load slots when K fits U = 3 items badly (K = 896).
 // preloaded: the caller already issued the first batch (mv_load with bi = warp) into w/b before its wait.
-// Partial sums go to red[row * ipr + chunk group] and are added in a fixed order: results are bit-reproducible.
+// Partial sums go to red[row * ipr + chunk group] and are added in a fixed order (with one chunk group per row the
+// one-set loop writes them to out directly): results are bit-reproducible.
 MK_DEV void matvec(const RowMap& m, int R, int K, const float* sv, float* red, float* out, uint4 (&w)[2][U],
                    MvBatch& b, bool preloaded) {
     const int nch = K >> 3;
