@@ -68,22 +68,30 @@ def weight_bytes(model) -> int:
     return total
 
 
-def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict:
-    from engine.backends.monokernel import MonokernelBackend
+def random_setup(name: str, max_len: int):
+    """The bench's model of a preset shape: random bf16 weights (seed 0) and a one-slot bf16 KV cache of max_len
+    positions filled with random values, on the GPU. -> (cfg, model, cache)"""
     from engine.config import preset
     from engine.kv_cache import KVCache
-    from engine.sampling import SamplingParams
-    from kernels import isa
-    from kernels.runtime import Monokernel
     from kernels.testing import random_model
 
     cfg = preset(name)
-    ctx, N = args.ctx, args.tokens
-    max_len = ctx + N + 64
     model = random_model(cfg, max_len=max_len, seed=0)
     cache = KVCache(1, cfg.n_layers, cfg.n_kv_heads, max_len, cfg.head_dim, dtype=torch.bfloat16, device="cuda")
     cache.k.normal_()
     cache.v.normal_()
+    return cfg, model, cache
+
+
+def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict:
+    from engine.backends.monokernel import MonokernelBackend
+    from engine.sampling import SamplingParams
+    from kernels import isa
+    from kernels.runtime import Monokernel
+
+    ctx, N = args.ctx, args.tokens
+    max_len = ctx + N + 64
+    cfg, model, cache = random_setup(name, max_len)
     wb = weight_bytes(model)
     per_pos = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 2
     kvb = per_pos * sum(ctx + i + 1 for i in range(N)) / N

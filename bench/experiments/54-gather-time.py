@@ -7,20 +7,13 @@ import sys
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch
-from bench.decode import timed
-from engine.config import preset
-from engine.kv_cache import KVCache
+from bench.decode import random_setup, timed
 from kernels.runtime import Monokernel
-from kernels.testing import random_model
 
 ctx, N, reps = 512, 256, 3
 res = {}
 for name in sys.argv[1].split(","):
-    cfg = preset(name)
-    model = random_model(cfg, max_len=ctx + N + 64, seed=0)
-    cache = KVCache(1, cfg.n_layers, cfg.n_kv_heads, ctx + N + 64, cfg.head_dim, dtype=torch.bfloat16, device="cuda")
-    cache.k.normal_()
-    cache.v.normal_()
+    _, model, cache = random_setup(name, ctx + N + 64)
     mk = Monokernel(model, cache.k, cache.v, max_steps=N + 64)
     for ctxv in (128, 512):
         for cc in (mk.cc_splits, 0, mk.cc_splits, 0):

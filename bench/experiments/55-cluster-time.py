@@ -8,23 +8,15 @@ import sys
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch
-from bench.decode import timed
+from bench.decode import random_setup, timed
 from bench.mk_trace import format_table, stage_table
-from engine.config import preset
-from engine.kv_cache import KVCache
 from kernels import isa
 from kernels.runtime import Monokernel
-from kernels.testing import random_model
 
 N, reps = 256, 3
 res = {}
 for name in sys.argv[1].split(","):
-    cfg = preset(name)
-    max_len = 2048 + N + 64
-    model = random_model(cfg, max_len=max_len, seed=0)
-    cache = KVCache(1, cfg.n_layers, cfg.n_kv_heads, max_len, cfg.head_dim, dtype=torch.bfloat16, device="cuda")
-    cache.k.normal_()
-    cache.v.normal_()
+    _, model, cache = random_setup(name, 2048 + N + 64)
     kernels = {"default": Monokernel(model, cache.k, cache.v, max_steps=N + 64),
                "cluster8": Monokernel(model, cache.k, cache.v, max_steps=N + 64, attn_cluster=8)}
     for ctx in (512, 2048):

@@ -27,7 +27,8 @@
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -Xptxas -v -I kernels/csrc \
 //        bench/probes/smem_matvec_probe.cu -o /tmp/smem_matvec_probe && /tmp/smem_matvec_probe
 // Prints one line per (shape, mode), then a JSON line.
-// Recorded (bench/NOTES.md session 12, one H200, cycles per call at 1980 MHz): 74 x 896 fma-pairs 5213, fma-col 4084,
+// Recorded (bench/NOTES.md session 12, one H200, cycles per call at 1980 MHz; the code of commit 554e081, before
+// its shared helpers, same loops): 74 x 896 fma-pairs 5213, fma-col 4084,
 // mma-frag 3704, mma-grid 4016, mma-grid-b 2854 (1.44 us, 92 GB/s per SM); 16 x 896 1729 / 2072 / 3249 / 2710 / 1610;
 // 112 x 896 7215 / 4962 / 4037 / 4681 / 3530; 896 x 48 21012 / 3026 / 2488 / 2683 / 2683; 1536 x 64 35397 / 5467 /
 // 4548 / 3986 / 4041; two barriers 88. Errors: fma 1-2e-7, mma 2-3e-6 of max |ref|.
@@ -79,8 +80,20 @@ MK_DEV void unpack_fma8(const uint4 w, const float* x, float& acc) {
     acc = fmaf(__uint_as_float(w.w & 0xffff0000u), b.w, acc);
 }
 
-// fma-pairs: rows row-major with stride Kp; batches of 2 rows x 32 lanes x 4 chunks; red[row * ipr + g]
-MK_DEV void fma_pairs(const mk_bf16* rows, int R, int K, int Kp, const float* x, float* red, float* out) {
+// out[r] = the sum of row r's `parts` partials red[p * stride + r], in part order; syncs before and after.
+MK_DEV void sum_parts(const float* red, int parts, int stride, int R, float* out) {
+    __syncthreads();
+    for (int r = threadIdx.x; r < R; r += NT) {
+        float s = 0.f;
+        for (int p = 0; p < parts; ++p) s += red[p * stride + r];
+        out[r] = s;
+    }
+    __syncthreads();
+}
+
+// fma-pairs: rows row-major with stride Kp; batches of 2 rows x 32 lanes x 4 chunks; partial g of row r at
+// red[g * Rp + r]
+MK_DEV void fma_pairs(const mk_bf16* rows, int R, int K, int Kp, int Rp, const float* x, float* red, float* out) {
     constexpr int U = 4;
     const int nch = K >> 3, ipr = (nch + 32 * U - 1) / (32 * U), nb = ((R + 1) >> 1) * ipr, lane = threadIdx.x & 31;
     for (int bi = threadIdx.x >> 5; bi < nb; bi += NW) {
@@ -99,17 +112,11 @@ MK_DEV void fma_pairs(const mk_bf16* rows, int R, int K, int Kp, const float* x,
         a0 = warp_sum(a0);
         a1 = warp_sum(a1);
         if (lane == 0) {
-            red[r0 * ipr + g] = a0;
-            if (2 * rp + 1 < R) red[(2 * rp + 1) * ipr + g] = a1;
+            red[g * Rp + r0] = a0;
+            if (2 * rp + 1 < R) red[g * Rp + 2 * rp + 1] = a1;
         }
     }
-    __syncthreads();
-    for (int r = threadIdx.x; r < R; r += NT) {
-        float s = 0.f;
-        for (int g = 0; g < ipr; ++g) s += red[r * ipr + g];
-        out[r] = s;
-    }
-    __syncthreads();
+    sum_parts(red, ipr, Rp, R, out);
 }
 
 // fma-col: chunk c of row r at rows + (c * Rp + r) * 8; lane = row within a group of 32, warps split the chunks
@@ -130,13 +137,7 @@ MK_DEV void fma_col(const mk_bf16* rows, int R, int K, int Rp, const float* x, f
         if (c < c1) unpack_fma8(*(const uint4*)(rows + ((size_t)c * Rp + rl) * 8), x + 8 * c, a0);
         if (r < R) red[sl * Rp + r] = a0 + a1;
     }
-    __syncthreads();
-    for (int r = threadIdx.x; r < R; r += NT) {
-        float s = 0.f;
-        for (int sl = 0; sl < slices; ++sl) s += red[sl * Rp + r];
-        out[r] = s;
-    }
-    __syncthreads();
+    sum_parts(red, slices, Rp, R, out);
 }
 
 MK_DEV void mma16816(float (&d)[4], const uint4 a, unsigned b0, unsigned b1) {
@@ -148,6 +149,23 @@ MK_DEV void mma16816(float (&d)[4], const uint4 a, unsigned b0, unsigned b1) {
 MK_DEV unsigned pack_bf16x2(float lo, float hi) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *(const unsigned*)&v;
+}
+
+// Row tile rt's k steps s0, s0 + step, ... < S into two accumulators (alternate steps), fragment-ordered A, B table.
+MK_DEV void tile_steps(const uint4* A, const uint2* B, int rt, int S, int s0, int step, int lane, float (&d0)[4],
+                       float (&d1)[4]) {
+    int s = s0;
+#pragma unroll 4
+    for (; s + step < S; s += 2 * step) {
+        const uint4 a0 = A[((size_t)rt * S + s) * 32 + lane], a1 = A[((size_t)rt * S + s + step) * 32 + lane];
+        const uint2 b0 = B[s * 32 + lane], b1 = B[(s + step) * 32 + lane];
+        mma16816(d0, a0, b0.x, b0.y);
+        mma16816(d1, a1, b1.x, b1.y);
+    }
+    if (s < S) {
+        const uint2 b0 = B[s * 32 + lane];
+        mma16816(d0, A[((size_t)rt * S + s) * 32 + lane], b0.x, b0.y);
+    }
 }
 
 // B table for k step s, lane l: (b0, b1) with column g = l / 4 (0: hi, 1: lo, else 0), rows k = 2t, 2t+1 (b0) and
@@ -186,17 +204,7 @@ MK_DEV void mma_frag(const mk_bf16* rows, int R, int K, int Rp, int Kp, const fl
     if (RT >= NW) {   // warps split the row tiles; each does every k step of its tiles
         for (int rt = w; rt < RT; rt += NW) {
             float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
-            int s = 0;
-            for (; s + 1 < S; s += 2) {
-                const uint4 a0 = A[((size_t)rt * S + s) * 32 + lane], a1 = A[((size_t)rt * S + s + 1) * 32 + lane];
-                const uint2 b0 = B[s * 32 + lane], b1 = B[(s + 1) * 32 + lane];
-                mma16816(d0, a0, b0.x, b0.y);
-                mma16816(d1, a1, b1.x, b1.y);
-            }
-            if (s < S) {
-                const uint2 b0 = B[s * 32 + lane];
-                mma16816(d0, A[((size_t)rt * S + s) * 32 + lane], b0.x, b0.y);
-            }
+            tile_steps(A, B, rt, S, 0, 1, lane, d0, d1);
             if (t == 0) {
                 const int r = rt * 16 + g;
                 if (r < R) out[r] = (d0[0] + d0[1]) + (d1[0] + d1[1]);
@@ -226,13 +234,7 @@ MK_DEV void mma_frag(const mk_bf16* rows, int R, int K, int Rp, int Kp, const fl
                 }
         }
     }
-    __syncthreads();
-    for (int r = threadIdx.x; r < R; r += NT) {
-        float s = 0.f;
-        for (int ww = 0; ww < NW; ++ww) s += red[ww * Rp + r];
-        out[r] = s;
-    }
-    __syncthreads();
+    sum_parts(red, NW, Rp, R, out);
 }
 
 // mma-grid: RT < 16 row tiles on RT x P warps (P = 16 / RT k parts: warp w takes tile w / P, k steps w % P, + P, ...,
@@ -251,30 +253,13 @@ MK_DEV void mma_grid(const mk_bf16* rows, int R, int K, int Rp, int Kp, const fl
     if (w < RT * P) {
         const int rt = w / P, part = w - rt * P;
         float d0[4] = {0.f, 0.f, 0.f, 0.f}, d1[4] = {0.f, 0.f, 0.f, 0.f};
-        int s = part;
-#pragma unroll 4
-        for (; s + P < S; s += 2 * P) {
-            const uint4 a0 = A[((size_t)rt * S + s) * 32 + lane], a1 = A[((size_t)rt * S + s + P) * 32 + lane];
-            const uint2 b0 = B[s * 32 + lane], b1 = B[(s + P) * 32 + lane];
-            mma16816(d0, a0, b0.x, b0.y);
-            mma16816(d1, a1, b1.x, b1.y);
-        }
-        if (s < S) {
-            const uint2 b0 = B[s * 32 + lane];
-            mma16816(d0, A[((size_t)rt * S + s) * 32 + lane], b0.x, b0.y);
-        }
+        tile_steps(A, B, rt, S, part, P, lane, d0, d1);
         if (t == 0) {
             red[part * Rp + rt * 16 + g] = (d0[0] + d0[1]) + (d1[0] + d1[1]);
             red[part * Rp + rt * 16 + g + 8] = (d0[2] + d0[3]) + (d1[2] + d1[3]);
         }
     }
-    __syncthreads();
-    for (int r = threadIdx.x; r < R; r += NT) {
-        float s = 0.f;
-        for (int p = 0; p < P; ++p) s += red[p * Rp + r];
-        out[r] = s;
-    }
-    __syncthreads();
+    sum_parts(red, P, Rp, R, out);
 }
 
 template <int MODE>
@@ -296,7 +281,7 @@ __global__ void __launch_bounds__(NT, 1) probe(const mk_bf16* Wg, const float* x
     long long t0 = 0;
     for (int rep = 0; rep <= NREP; ++rep) {
         if (rep == 1 && threadIdx.x == 0) t0 = clock64();
-        if (MODE == FMA_PAIRS) fma_pairs(rows, R, K, L.Kp, x, red, out);
+        if (MODE == FMA_PAIRS) fma_pairs(rows, R, K, L.Kp, L.Rp, x, red, out);
         else if (MODE == FMA_COL) fma_col(rows, R, K, L.Rp, x, red, out);
         else if (MODE == SYNC2) { __syncthreads(); __syncthreads(); }
         else if (MODE == MMA_FRAG) mma_frag(rows, R, K, L.Rp, L.Kp, x, hl, red, out);
