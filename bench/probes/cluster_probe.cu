@@ -211,6 +211,21 @@ __global__ void __launch_bounds__(NT, 1) probe(int ncc, float* buf, unsigned* ct
 
 struct Cfg { int mode, bg; bool self; int cs, ncc, eo = 8; };
 
+// A launch of `grid` CTAs (NT threads, SMEM_DYN bytes) in clusters of cs; `at` holds the attribute cfg points to.
+static cudaLaunchConfig_t cluster_config(int grid, int cs, cudaLaunchAttribute& at) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(NT);
+    cfg.dynamicSmemBytes = SMEM_DYN;
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = cs;
+    at.val.clusterDim.y = 1;
+    at.val.clusterDim.z = 1;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
 int main() {
     int nsm = 0;
     cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, 0);
@@ -235,15 +250,8 @@ int main() {
         auto k = probe<CLUSTER, BG_NONE, false>;
         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM_DYN);
         cudaFuncSetAttribute(k, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-        cudaLaunchConfig_t cfg = {};
-        cfg.gridDim = dim3(cs * 64);
-        cfg.blockDim = dim3(NT);
-        cfg.dynamicSmemBytes = SMEM_DYN;
-        cudaLaunchAttribute at[1];
-        at[0].id = cudaLaunchAttributeClusterDimension;
-        at[0].val.clusterDim.x = cs; at[0].val.clusterDim.y = 1; at[0].val.clusterDim.z = 1;
-        cfg.attrs = at;
-        cfg.numAttrs = 1;
+        cudaLaunchAttribute at;
+        const cudaLaunchConfig_t cfg = cluster_config(cs * 64, cs, at);
         int n = 0;
         const cudaError_t e = cudaOccupancyMaxActiveClusters(&n, (void*)k, &cfg);
         max_clusters[cs] = e == cudaSuccess ? n : 0;
@@ -271,15 +279,8 @@ int main() {
             cudaMemset(ctr, 0, sizeof(unsigned) * NS);
             cudaMemset(stop, 0, sizeof(unsigned));
             cudaMemset(res, 0, sizeof(unsigned long long) * (1 + 2 * nsm));
-            cudaLaunchConfig_t cfg = {};
-            cfg.gridDim = dim3(G);
-            cfg.blockDim = dim3(NT);
-            cfg.dynamicSmemBytes = SMEM_DYN;
-            cudaLaunchAttribute at[1];
-            at[0].id = cudaLaunchAttributeClusterDimension;
-            at[0].val.clusterDim.x = c.cs; at[0].val.clusterDim.y = 1; at[0].val.clusterDim.z = 1;
-            cfg.attrs = at;
-            cfg.numAttrs = 1;
+            cudaLaunchAttribute at;
+            const cudaLaunchConfig_t cfg = cluster_config(G, c.cs, at);
             e = cudaLaunchKernelEx(&cfg, kern, c.ncc, buf, ctr, stop, (const uint4*)W, wchunks, res);
             if (e == cudaSuccess) e = cudaDeviceSynchronize();
             if (e != cudaSuccess) break;
