@@ -1,9 +1,10 @@
 """Build the monokernel shared library with plain nvcc (no torch headers: seconds, not a minute).
 
 The library is cached under ~/.cache/kog-lsp/kernels/<hash>/ keyed by the sources, the rendered ISA header and
-the flags; a build prints one progress line. `KOG_KERNELS_CACHE` overrides the cache root. Three variants: one GPU
+the flags; a build prints one progress line. `KOG_KERNELS_CACHE` overrides the cache root. The variants: one GPU
 with the tensor-parallel exchange compiled out (-DMK_TP=0), with the one-set matvec loop or with pipe=True the
-pipelined one (-DMK_MV_PIPE=1; the runtime picks per model, schedule.mv_pipelined_model), and tp=True
+pipelined one (-DMK_MV_PIPE=1; the runtime picks per model, schedule.mv_pipelined_model), either with cluster=True
+(-DMK_CLUSTER=1: the attention combined inside thread-block clusters, Monokernel(attn_cluster=...)), and tp=True
 (kernels/tp_runtime.py; one-set loop).
 """
 from __future__ import annotations
@@ -36,25 +37,27 @@ def find_nvcc() -> str | None:
     return None
 
 
-def variant_flags(tp: bool, pipe: bool = False) -> tuple[str, ...]:
+def variant_flags(tp: bool, pipe: bool = False, cluster: bool = False) -> tuple[str, ...]:
     if tp and pipe:
         raise ValueError("the tensor-parallel build has the one-set matvec loop only")
-    return (f"-DMK_TP={int(tp)}", f"-DMK_MV_PIPE={int(pipe)}")
+    if tp and cluster:
+        raise ValueError("the tensor-parallel build has no cluster attention")
+    return (f"-DMK_TP={int(tp)}", f"-DMK_MV_PIPE={int(pipe)}", f"-DMK_CLUSTER={int(cluster)}")
 
 
-def source_hash(tp: bool = False, pipe: bool = False) -> str:
+def source_hash(tp: bool = False, pipe: bool = False, cluster: bool = False) -> str:
     h = hashlib.sha256()
     for name in SOURCES:
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
     h.update(isa.render_header().encode())
-    h.update(" ".join((ARCH,) + FLAGS + variant_flags(tp, pipe)).encode())
+    h.update(" ".join((ARCH,) + FLAGS + variant_flags(tp, pipe, cluster)).encode())
     return h.hexdigest()[:16]
 
 
-def build(verbose: bool = False, tp: bool = False, pipe: bool = False) -> Path:
+def build(verbose: bool = False, tp: bool = False, pipe: bool = False, cluster: bool = False) -> Path:
     """-> path of libmonokernel.so of the variant (built if the cache has none for these sources)."""
-    out_dir = cache_root() / source_hash(tp, pipe)
+    out_dir = cache_root() / source_hash(tp, pipe, cluster)
     lib = out_dir / "libmonokernel.so"
     if lib.exists():
         return lib
@@ -66,9 +69,10 @@ def build(verbose: bool = False, tp: bool = False, pipe: bool = False) -> Path:
     # always the one kernels/isa.py describes (tests check the checked-in copy matches too).
     (out_dir / "mk_isa.h").write_text(isa.render_header())
     tmp = out_dir / f"libmonokernel.{os.getpid()}.so"
-    cmd = [nvcc, ARCH, *FLAGS, *variant_flags(tp, pipe), f"-I{out_dir}", f"-I{CSRC}", "-o", str(tmp),
+    cmd = [nvcc, ARCH, *FLAGS, *variant_flags(tp, pipe, cluster), f"-I{out_dir}", f"-I{CSRC}", "-o", str(tmp),
            str(CSRC / "monokernel.cu")]
-    what = "tensor-parallel monokernel" if tp else "monokernel (pipelined matvec)" if pipe else "monokernel"
+    what = ("tensor-parallel monokernel" if tp else "monokernel (pipelined matvec)" if pipe else "monokernel") + \
+        (" with cluster attention" if cluster else "")
     print(f"[kernels] building {what} with nvcc into {out_dir} ...", file=sys.stderr, flush=True)
     t0 = time.time()
     res = subprocess.run(cmd, capture_output=True, text=True)
@@ -88,3 +92,4 @@ if __name__ == "__main__":
     print(build(verbose=True))
     print(build(verbose=True, pipe=True))
     print(build(verbose=True, tp=True))
+    print(build(verbose=True, cluster=True))

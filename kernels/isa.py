@@ -141,6 +141,9 @@ PARAM_FIELDS = [
     # lane normalises its own stream; lane_scale: sqrt(lanes), the NO_REDUCE factor.
     ("lane_delay", "i32"), ("lane_x_ctr", "i32"), ("lane_xn_oproj", "i32"), ("lane_xn_down", "i32"),
     ("lane_agg", "i32"), ("lane_scale", "f32"),
+    # Launched in thread-block clusters of this many CTAs, each kv head's attention splits on one cluster (the
+    # MK_CLUSTER library); 0: no clusters. Last, so the other fields keep their offsets in every build.
+    ("attn_cluster", "i32"),
 ]
 # status[] words (device) and host_stat[] words (mapped host memory)
 STATUS_STOP, STATUS_REASON, STATUS_ABORT = 0, 1, 2   # stop: 0 running, else (last step + 1); abort: watchdog

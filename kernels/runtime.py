@@ -38,18 +38,19 @@ class MkParams(ctypes.Structure):
 _LIBS: dict[tuple[bool, bool], ctypes.CDLL] = {}
 
 
-def load_library(tp: bool = False, pipe: bool = False) -> ctypes.CDLL:
-    """The one-GPU build (pipe: with the pipelined matvec loop), or with tp the tensor-parallel one
-    (kernels/build.py)."""
-    key = (tp, pipe)
+def load_library(tp: bool = False, pipe: bool = False, cluster: bool = False) -> ctypes.CDLL:
+    """The one-GPU build (pipe: with the pipelined matvec loop; cluster: with the attention combined inside
+    thread-block clusters), or with tp the tensor-parallel one (kernels/build.py)."""
+    key = (tp, pipe, cluster)
     if key not in _LIBS:
-        lib = ctypes.CDLL(str(build(tp=tp, pipe=pipe)))
+        lib = ctypes.CDLL(str(build(tp=tp, pipe=pipe, cluster=cluster)))
         lib.mk_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         lib.mk_start.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         lib.mk_host_alloc.argtypes = [ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
         lib.mk_host_free.argtypes = [ctypes.c_void_p]
         lib.mk_error_string.restype = ctypes.c_char_p
         lib.mk_occupancy.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+        lib.mk_max_clusters.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
         if lib.mk_params_size() != ctypes.sizeof(MkParams) or lib.mk_layer_size() != ctypes.sizeof(MkLayer):
             raise RuntimeError("MkParams layout differs between CUDA and ctypes (stale build?)")
         _LIBS[key] = lib
@@ -97,19 +98,22 @@ class Monokernel:
 
     def __init__(self, model, k_cache: torch.Tensor, v_cache: torch.Tensor, max_steps: int = 4096,
                  n_sm: int | None = None, sched: Schedule | None = None, tp_build: bool = False,
-                 mv_loop: str = "auto", fused_mlp: bool | None = None):
+                 mv_loop: str = "auto", fused_mlp: bool | None = None, attn_cluster: int = 0):
         """sched: a prebuilt schedule for this model's shape and n_sm (tensor parallelism passes one whose
         exchanged waits count every rank's producers, and tp_build: the library variant with the exchange:
         kernels/tp_runtime.py). mv_loop: "auto" (schedule.mv_pipelined_model), "pipelined" or "one-set"; the
         tensor-parallel build has the one-set loop only. fused_mlp: the MLP schedule (schedule.build(fused_mlp=True);
         default: on for the one-GPU one-set build without a prebuilt schedule; the pipelined and tensor-parallel
-        builds have GATEUP + DOWN only).
+        builds have GATEUP + DOWN only). attn_cluster: 2, 4 or 8: launch in thread-block clusters of that many
+        CTAs (the library built with cluster=True) with each kv head's attention splits on one cluster, combined
+        over distributed shared memory (schedule.build(cluster=...)); n_sm defaults to every resident cluster.
         The library calls below bind to the thread's current device, which is the model's device inside this
         block; the caller's comes back after."""
         with torch.cuda.device(model.device):
-            self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, mv_loop, fused_mlp)
+            self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, mv_loop, fused_mlp, attn_cluster)
 
-    def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, mv_loop, fused_mlp) -> None:
+    def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, mv_loop, fused_mlp,
+              attn_cluster) -> None:
         if mv_loop not in ("auto", "pipelined", "one-set"):
             raise ValueError(f"mv_loop must be auto, pipelined or one-set, not {mv_loop!r}")
         if tp_build and mv_loop == "pipelined":
@@ -117,7 +121,7 @@ class Monokernel:
         pipe = not tp_build and (mv_loop == "pipelined" or
                                  (mv_loop == "auto" and mv_pipelined_model(Dims.of(model.cfg))))
         self.mv_loop = "pipelined" if pipe else "one-set"
-        self.lib = lib = load_library(tp_build, pipe)
+        self.lib = lib = load_library(tp_build, pipe, attn_cluster > 0)
         self.model, self.cfg = model, model.cfg
         dev = model.device
         self.device = dev
@@ -129,12 +133,19 @@ class Monokernel:
         cfg = self.cfg
         self.dims = Dims.of(cfg)
         props = torch.cuda.get_device_properties(dev)
+        self.attn_cluster = attn_cluster
+        if attn_cluster:
+            if tp_build or sched is not None:
+                raise ValueError("attn_cluster: one-GPU builds with their own schedule only")
+            fit = ctypes.c_int(0)
+            _check(lib, lib.mk_max_clusters(96 * 1024, attn_cluster, ctypes.byref(fit)), "cluster occupancy")
+            n_sm = n_sm or min(props.multi_processor_count // attn_cluster, fit.value) * attn_cluster
         self.n_sm = n_sm or props.multi_processor_count
         if fused_mlp and (tp_build or pipe or (sched is not None and not sched.fused_mlp)):
             raise ValueError("the fused MLP runs on the one-GPU one-set build with its own schedule only")
         if sched is None:
             fused_mlp = not (tp_build or pipe) if fused_mlp is None else fused_mlp
-            sched = build_schedule(self.dims, self.n_sm, fused_mlp=fused_mlp)
+            sched = build_schedule(self.dims, self.n_sm, fused_mlp=fused_mlp, cluster=attn_cluster)
         self.sched: Schedule = sched
         self.fused_mlp = sched.fused_mlp
         # Attention staging after the working buffers (mk_attention.cuh): per position its K row (bf16, padded by
@@ -156,6 +167,11 @@ class Monokernel:
         _check(lib, lib.mk_occupancy(self.smem, ctypes.byref(occ)), "occupancy")
         if occ.value < 1:
             raise RuntimeError(f"monokernel CTA does not fit on an SM ({self.smem} B shared memory)")
+        if attn_cluster:
+            fit = ctypes.c_int(0)
+            _check(lib, lib.mk_max_clusters(self.smem, attn_cluster, ctypes.byref(fit)), "cluster occupancy")
+            if fit.value * attn_cluster < self.n_sm:
+                raise ValueError(f"attn_cluster {attn_cluster}: {self.n_sm} CTAs, only {fit.value} clusters resident")
         bf = torch.bfloat16
         keep = self._keep = []
 
@@ -209,8 +225,9 @@ class Monokernel:
         self.running = False
         self.stream = None
         log.info("monokernel: %d CTAs x %d threads, %d instructions/step, %d attention splits, %d B shared memory, "
-                 "%s matvec loop, %s MLP", self.n_sm, isa.NTHREADS, len(ins), sc.n_splits, self.smem, self.mv_loop,
-                 "fused" if self.fused_mlp else "GATEUP + DOWN")
+                 "%s matvec loop, %s MLP, %s", self.n_sm, isa.NTHREADS, len(ins), sc.n_splits, self.smem, self.mv_loop,
+                 "fused" if self.fused_mlp else "GATEUP + DOWN",
+                 f"attention combined in clusters of {self.attn_cluster}" if self.attn_cluster else "no clusters")
         # A wait longer than this (~1 s at H200 clocks) aborts the launch and reports the stuck counter.
         self.watchdog_cycles = 2_000_000_000
         # L2 prefetch of each instruction's first weight bytes before its wait (0 = off); see bench/NOTES.md.
@@ -289,6 +306,7 @@ class Monokernel:
             raise ValueError(f"kv_stage_pos {self.kv_stage_pos} outside 1..{self.stage_capacity}")
         p.kv_stage_pos = int(self.kv_stage_pos)
         p.stage_floats = self.stage_floats
+        p.attn_cluster = int(self.attn_cluster)
         p.trace = _ptr(self.trace_buf)
         p.trace_step, p.trace_stride = int(self.trace_step), self.max_instr
         p.eps, p.attn_scale = dm.eps, dm.head_dim ** -0.5

@@ -62,6 +62,7 @@ class Schedule:
     # counters every rank's OPROJ / DOWN instructions bump. Empty on a single GPU.
     exchanged: dict[int, int] = field(default_factory=dict)
     fused_mlp: bool = False           # MLP instructions instead of GATEUP + DOWN (one GPU only)
+    cluster: int = 0                  # CTAs per thread-block cluster (0: none); see build
 
     @property
     def n_lm(self) -> int:
@@ -138,7 +139,19 @@ def mlp_partial_floats(d: int) -> int:
     return (isa.NTHREADS // nch if nch < isa.NTHREADS else 1) * d
 
 
-def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = False) -> Schedule:
+def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = False, cluster: int = 0) -> Schedule:
+    """cluster > 0: the kernel runs in thread-block clusters of that many CTAs (n_sm a multiple of it) and each kv
+    head's attention has exactly `cluster` splits, split s on rank s of one cluster (the head's cluster rotates with
+    the layer); every split merges its share of the head's outputs over distributed shared memory and signals
+    ATTN_DONE (mk_attention.cuh attn_cluster_combine)."""
+    if cluster:
+        if cluster not in (2, 4, 8):
+            raise ValueError(f"cluster {cluster}: 2, 4 or 8 CTAs")
+        if n_sm % cluster:
+            raise ValueError(f"cluster {cluster}: n_sm {n_sm} is not a multiple of it")
+        if (dims.group * dims.head_dim) % 32:
+            raise ValueError("cluster attention needs q heads x head_dim per kv head a multiple of 32")
+        n_splits = cluster
     if dims.d % 8 or dims.ffn % 8 or dims.q_dim % 8:
         raise ValueError("hidden, ffn and q dims must be multiples of 8 (16-byte weight loads)")
     if dims.n_heads % dims.n_kv:
@@ -162,7 +175,8 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
         del rows["DOWN"], counts["DOWN"]
     L = dims.n_layers
     sched = Schedule(dims=dims, n_sm=n_sm, n_splits=n_splits, rows=rows, counts=counts,
-                     per_sm=[[] for _ in range(n_sm)], n_counters=isa.n_counters(L, dims.n_kv), fused_mlp=fused_mlp)
+                     per_sm=[[] for _ in range(n_sm)], n_counters=isa.n_counters(L, dims.n_kv), fused_mlp=fused_mlp,
+                     cluster=cluster)
     # the stage whose counter the residual's consumers (next QKV, LMHEAD) wait for, and its producers per step
     last, last_ctr = ("MLP", isa.CTR_GATEUP) if fused_mlp else ("DOWN", isa.CTR_DOWN)
     cursor = 0
@@ -201,11 +215,19 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
             w_ctr, w_n = ci(layer - 1, last_ctr), counts[last]
         emit(matvec("QKV", layer, w_ctr, w_n, ci(layer, isa.CTR_QKV)))
         c0 = cursor
-        emit([(isa.OPS["ATTN"], layer, h, s, ci(layer, isa.CTR_QKV), counts["QKV"],
-               isa.attn_ticket(L, dims.n_kv, layer, h), ci(layer, isa.CTR_ATTN_DONE))
-              for s in range(n_splits) for h in range(dims.n_kv)])
-        emit_after_attn(matvec("OPROJ", layer, ci(layer, isa.CTR_ATTN_DONE), dims.n_kv, ci(layer, isa.CTR_OPROJ)),
-                        c0, counts["ATTN"])
+        attn = [(isa.OPS["ATTN"], layer, h, s, ci(layer, isa.CTR_QKV), counts["QKV"],
+                 isa.attn_ticket(L, dims.n_kv, layer, h), ci(layer, isa.CTR_ATTN_DONE))
+                for s in range(n_splits) for h in range(dims.n_kv)]
+        # ATTN_DONE producers: the last split of each head (its combine), or in a cluster every split (its slice)
+        oproj = matvec("OPROJ", layer, ci(layer, isa.CTR_ATTN_DONE), dims.n_kv * (cluster or 1), ci(layer, isa.CTR_OPROJ))
+        if cluster:   # head h of this layer on cluster (layer n_kv + h) mod n_clusters, split s on its rank s
+            for ins in attn:
+                sched.per_sm[(layer * dims.n_kv + ins[2]) % (n_sm // cluster) * cluster + ins[3]].append(ins)
+            cursor += len(attn)
+            emit(oproj)
+        else:
+            emit(attn)
+            emit_after_attn(oproj, c0, counts["ATTN"])
         if fused_mlp:
             emit(matvec("MLP", layer, ci(layer, isa.CTR_OPROJ), counts["OPROJ"], ci(layer, isa.CTR_GATEUP)))
             continue
@@ -300,7 +322,8 @@ def check(sched: Schedule) -> None:
             cov = covered.setdefault((layer, op), np.zeros(sizes.get(name, 1), dtype=np.int64))
             if name == "ATTN":
                 cov[a0 * sched.n_splits + a1] += 1
-                signallers[aux] = signallers.get(aux, 0) + (1 if a1 == 0 else 0)  # one combine per head
+                # one combine per head, or every split's slice in a cluster schedule
+                signallers[aux] = signallers.get(aux, 0) + (1 if sched.cluster or a1 == 0 else 0)
             elif name == "SAMPLE":
                 cov[0] += 1
                 signallers[sc] = signallers.get(sc, 0) + 1

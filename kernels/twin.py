@@ -216,6 +216,8 @@ class Twin:
                 attn[head * g * hd:(head + 1) * g * hd] = (num / den[:, None]).reshape(-1)
                 tags["attn"][head * g * hd:(head + 1) * g * hd] = _tag(step, layer, op)
                 ctr[aux] += 1
+            elif sc.cluster:   # every split of a cluster signals (its slice of the combine); the last one combines
+                ctr[aux] += 1
             return
         elif name == "OPROJ":
             self._expect(tags["attn"], _tag(step, layer, isa.OPS["ATTN"]), "attn", ins)

@@ -44,6 +44,45 @@ MK_DEV void attn_prefetch(const MkParams& p, const int* ins, int pos, float* sm)
                    rows);
 }
 
+#if MK_CLUSTER
+// Cluster attention (schedule.build(cluster=NR)): a kv head's NR splits are ranks 0 .. NR - 1 of one cluster and
+// each keeps its partial (per q head: max, denominator, HD weighted sums) in its CTA's partial-sum region. After a
+// cluster barrier every rank merges its own 1 / NR of the head's g x HD outputs straight from the peers' regions
+// (DSMEM): NR consecutive lanes per output element, one per split, combined with shuffles. Then it arrives on the
+// next cluster barrier phase (it has finished reading its peers) and bumps ATTN_DONE; the matching wait is
+// deferred to the CTA's next instruction (returns true), before it writes its partial-sum region again.
+template <int HD>
+MK_DEV bool attn_cluster_combine(const MkParams& p, const int* ins, int ii, int step, int head, int rank, int S_eff,
+                                 float* sm) {
+    const int g = p.group, NR = p.attn_cluster, E = g * HD, e0 = rank * (E / NR);
+    const float* red = sm + p.sm_red;
+    mk_cluster_sync();   // every split's partial is written
+    trace(p, step, ii, 3);
+    for (int t = threadIdx.x; t < E; t += NT) {   // E / NR elements x NR splits; warp-uniform (E % 32 == 0)
+        const int s = t & (NR - 1), e = e0 + t / NR, j = e / HD, i = e - j * HD;
+        float m = -INFINITY, l = 0.f, o = 0.f;
+        if (s < S_eff) {
+            const float* rec = red + j * (HD + 2);
+            m = mk_ld_cluster(mk_cluster_addr(rec, s));
+            l = mk_ld_cluster(mk_cluster_addr(rec + 1, s));
+            o = mk_ld_cluster(mk_cluster_addr(rec + 2 + i, s));
+        }
+        float M = m;
+        for (int d = 1; d < NR; d <<= 1) M = fmaxf(M, mk_shfl_xor(M, d));
+        const float f = m == -INFINITY ? 0.f : expf(m - M);
+        float den = f * l, num = f * o;
+        for (int d = 1; d < NR; d <<= 1) {
+            den += mk_shfl_xor(den, d);
+            num += mk_shfl_xor(num, d);
+        }
+        if (s == 0) p.attn[(size_t)head * E + e] = num / den;
+    }
+    mk_cluster_arrive();   // done reading the peers; the wait comes before this CTA next writes its region
+    signal_ctr(p.ctr + ins[MK_F_AUX]);
+    return true;
+}
+#endif
+
 // One (kv head, split) partial over positions [p0, p1) of pos + 1. Only the first S_eff = attn_splits(n) splits
 // have positions; split S_eff - 1 (the one holding position pos) appends this step's K/V. The last split to
 // finish (ticket) combines the partials into attn[] and bumps ATTN_DONE.
@@ -51,8 +90,9 @@ MK_DEV void attn_prefetch(const MkParams& p, const int* ins, int pos, float* sm)
 // The whole CTA works on one chunk of staged positions at a time (chunk 0 was copied before the wait), in two
 // phases (mk_attn_loop.cuh): scores, one thread per (q head, position); then one warp per q head turns its scores
 // into softmax weights and sums the weighted V rows (no block barrier between the two).
+// Returns true when a cluster barrier wait is pending (MK_CLUSTER: attn_cluster_combine).
 template <int HD>
-MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos, float* sm, int* sflag) {
+MK_DEV bool op_attn(const MkParams& p, const int* ins, int ii, int step, int pos, float* sm, int* sflag) {
     constexpr int HALF = HD / 2;
     const int layer = ins[MK_F_LAYER], head = ins[MK_F_A0], split = ins[MK_F_A1];
     const int g = p.group, S = p.n_splits;
@@ -99,7 +139,12 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
         // Warp j < g owns q head j and its partial record (max, denominator, HD weighted sums), which also holds
         // the running state between chunks (attn_head_values).
         const int warp = threadIdx.x >> 5;
+        // cluster mode: the partial stays in this CTA's matvec partial-sum region, which its peers read
+#if MK_CLUSTER   // the partial stays in this CTA's partial-sum region, which its cluster peers read
+        float* part = sm + p.sm_red;
+#else
         float* part = p.part + (size_t)(head * S + split) * g * (HD + 2);
+#endif
         for (int c0 = p0; c0 < p1; c0 += cap) {
             const int C = min(cap, p1 - c0);
             if (c0 > p0) {   // a later chunk: after every reader of the previous one, copy it in
@@ -115,6 +160,9 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
         trace(p, step, ii, 5);   // every position done
         __syncthreads();
     }   // split < S_eff
+#if MK_CLUSTER   // the head's splits are ranks 0 .. S - 1 of one cluster (schedule.build(cluster=S))
+    return attn_cluster_combine<HD>(p, ins, ii, step, head, split, S_eff, sm);
+#endif
     if (threadIdx.x == 0) {   // acq_rel: publishes this partial, and the last taker sees every other one
         const unsigned old = mk_atom_acq_rel(p.ctr + ins[MK_F_SIG_CTR], 1u);
         *sflag = old == (unsigned)((step + 1) * S - 1);
@@ -177,4 +225,5 @@ MK_DEV void op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
         signal_ctr(p.ctr + ins[MK_F_AUX]);
     }
     __syncthreads();
+    return false;
 }

@@ -145,4 +145,5 @@ struct MkParams {
     int lane_xn_down;
     int lane_agg;
     float lane_scale;
+    int attn_cluster;
 };

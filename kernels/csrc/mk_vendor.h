@@ -89,6 +89,26 @@ MK_DEV unsigned long long mk_globaltimer() {
 }
 // A shared-memory address as the shared-space instructions (cp.async, ldmatrix, mbarrier) take it.
 MK_DEV unsigned mk_smem_addr(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
+// Thread-block clusters (sm_90): a barrier of every thread of every CTA in the cluster, in two halves (arrive with
+// release: this CTA's memory accesses before it are ordered before the peers' accesses after their wait), and
+// loads from a peer CTA's shared memory (distributed shared memory): the address of this CTA's variable at p in
+// rank `rank`'s copy.
+MK_DEV void mk_cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+MK_DEV void mk_cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+MK_DEV void mk_cluster_sync() {
+    mk_cluster_arrive();
+    mk_cluster_wait();
+}
+MK_DEV unsigned mk_cluster_addr(const void* p, unsigned rank) {
+    unsigned a;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(mk_smem_addr(p)), "r"(rank));
+    return a;
+}
+MK_DEV float mk_ld_cluster(unsigned a) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
+    return v;
+}
 // Asynchronous 16-byte global -> shared copy through L2 (data another CTA wrote earlier in the launch, ordered by
 // a counter acquire before the copy is issued); mk_cp_async_wait_all() in the same thread, then a barrier,
 // before any thread reads it.

@@ -19,6 +19,12 @@
 #if MK_MV_PIPE && MK_TP
 #error "the pipelined matvec needs the registers the tensor-parallel exchange holds (one-set loop only)"
 #endif
+#ifndef MK_CLUSTER
+#define MK_CLUSTER 0   // 1: the attention combined inside thread-block clusters (kernels/build.py cluster=True)
+#endif
+#if MK_CLUSTER && MK_TP
+#error "the tensor-parallel build has no cluster attention"
+#endif
 #if MK_MV_PIPE
 #define U MK_MV_UNROLL_PIPE
 #else
@@ -86,6 +92,9 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
     float* red = sm + p.sm_red;
     float* out = sm + p.sm_out;
     unsigned* tok_ctr = p.ctr + p.token_ctr;
+#if MK_CLUSTER
+    bool cl_pending = false;   // a cluster barrier phase this CTA arrived on and has not waited for (op_attn)
+#endif
 
     if (blockIdx.x == 0) {   // prologue: the first token's embedding
         const mk_bf16* e = p.embed + (size_t)p.first_token * p.d;
@@ -129,6 +138,12 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             }
             trace(p, step, ii, 0);
             if (!xr_wait(p, ins, step, sflag)) return;
+#if MK_CLUSTER
+            if (cl_pending) {   // the cluster peers have read this CTA's partial-sum region
+                mk_cluster_wait();
+                cl_pending = false;
+            }
+#endif
             trace(p, step, ii, 1);
             switch (op) {
             case MK_OP_QKV: {
@@ -139,11 +154,17 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
                     p.qkv[a0 + r] = out[r] * rs + (Lw.bqkv ? Lw.bqkv[a0 + r] : 0.f);
                 break;
             }
-            case MK_OP_ATTN:
-                if (p.head_dim == 64) op_attn<64>(p, ins, ii, step, pos, sm, sflag);
-                else op_attn<128>(p, ins, ii, step, pos, sm, sflag);
+            case MK_OP_ATTN: {
+                const bool pend = p.head_dim == 64 ? op_attn<64>(p, ins, ii, step, pos, sm, sflag)
+                                                   : op_attn<128>(p, ins, ii, step, pos, sm, sflag);
+#if MK_CLUSTER
+                cl_pending = pend;
+#else
+                (void)pend;
+#endif
                 trace(p, step, ii, 2);
                 continue;   // ATTN signals through its ticket / combine
+            }
             case MK_OP_OPROJ: {
                 load_vec(sv, p.attn, p.q_dim);
                 __syncthreads();
@@ -202,6 +223,9 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             trace(p, step, ii, 2);
         }
     }
+#if MK_CLUSTER
+    if (cl_pending) mk_cluster_wait();   // no peer still reads this CTA's shared memory when it exits
+#endif
 }
 
 // ---------------------------------------------------------------- C ABI (ctypes)
@@ -240,16 +264,51 @@ int mk_launch(const MkParams* p, int grid, int smem, void* stream, int n_ctr) {
     return mk_start(p, grid, smem, stream);
 }
 
+// A launch of `grid` CTAs in clusters of `cluster` (mk_start, mk_max_clusters); `at` holds the attribute cfg points to.
+static cudaLaunchConfig_t cluster_config(int grid, int smem, cudaStream_t s, int cluster, cudaLaunchAttribute& at) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(NT);
+    cfg.dynamicSmemBytes = (size_t)smem;
+    cfg.stream = s;
+    at.id = cudaLaunchAttributeClusterDimension;
+    at.val.clusterDim.x = (unsigned)cluster;
+    at.val.clusterDim.y = 1;
+    at.val.clusterDim.z = 1;
+    cfg.attrs = &at;
+    cfg.numAttrs = 1;
+    return cfg;
+}
+
 int mk_start(const MkParams* p, int grid, int smem, void* stream) {
     cudaStream_t s = (cudaStream_t)stream;
     cudaError_t e = cudaFuncSetAttribute(mk_decode, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return (int)e;
     MkParams local = *p;
+    if ((p->attn_cluster > 0) != (MK_CLUSTER != 0)) return (int)cudaErrorInvalidValue;   // library / launch mismatch
+    if (p->attn_cluster > 0) {
+        // Clusters of attn_cluster CTAs. Not a cooperative launch: the host checked with mk_max_clusters that the
+        // whole grid is resident at once, which the spin waits need.
+        cudaLaunchAttribute at;
+        const cudaLaunchConfig_t cfg = cluster_config(grid, smem, s, p->attn_cluster, at);
+        e = cudaLaunchKernelEx(&cfg, mk_decode, local);
+        if (e != cudaSuccess) return (int)e;
+        return (int)cudaGetLastError();
+    }
     void* args[] = {&local};
     // Cooperative launch: refuses to start unless every CTA is resident at once, which the spin waits need.
     e = cudaLaunchCooperativeKernel((const void*)mk_decode, dim3(grid), dim3(NT), args, (size_t)smem, s);
     if (e != cudaSuccess) return (int)e;
     return (int)cudaGetLastError();
+}
+
+// How many clusters of `cluster` CTAs with `smem` bytes of dynamic shared memory can be resident at once.
+int mk_max_clusters(int smem, int cluster, int* n) {
+    cudaError_t e = cudaFuncSetAttribute(mk_decode, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return (int)e;
+    cudaLaunchAttribute at;
+    const cudaLaunchConfig_t cfg = cluster_config(cluster, smem, nullptr, cluster, at);
+    return (int)cudaOccupancyMaxActiveClusters(n, (void*)mk_decode, &cfg);
 }
 
 int mk_host_alloc(size_t bytes, void** host, void** dev) {

@@ -56,6 +56,68 @@ def test_teacher_forced_logits_equal_reference(shape, n_sm, min_pos, fused):
     assert torch.isnan(k_tw[0]).all(), "twin touched another slot"
 
 
+CLUSTER_SHAPES = [k for k in SHAPES if k != "llama-mha-untied"]   # q heads x head_dim per kv head: 16 < 32
+
+
+@pytest.mark.parametrize("shape", CLUSTER_SHAPES)
+@pytest.mark.parametrize("n_sm", [16, 24])
+@pytest.mark.parametrize("fused", [False, True], ids=["gateup-down", "fused-mlp"])
+def test_cluster_schedule_logits_equal_reference(shape, n_sm, fused):
+    """schedule.build(cluster=8): each kv head's 8 splits sit on ranks 0-7 of one cluster (rotating with the layer,
+    two heads on one cluster when there are fewer clusters than heads) and the results still equal the reference."""
+    cfg = tiny_cfg(**SHAPES[shape])
+    model = tiny_model(cfg, seed=hash(shape) % 1000)
+    ids = torch.randint(0, cfg.vocab_size, (14,), generator=torch.Generator().manual_seed(n_sm)).tolist()
+    prompt, forced = ids[:9], ids[9:]
+    k_ref, v_ref = _prefill(model, cfg, prompt)
+    k_tw, v_tw = k_ref.clone(), v_ref.clone()
+    ref = torch.stack([model.forward(k_ref, v_ref, 1, torch.tensor([t]), len(prompt) + j)
+                       for j, t in enumerate(forced)])
+    sched = schedule.build(schedule.Dims.of(cfg), n_sm=n_sm, fused_mlp=fused, cluster=8)
+    schedule.check(sched)
+    assert sched.n_splits == 8 and sched.cluster == 8
+    where = {}
+    for sm, lst in enumerate(sched.per_sm):
+        for ins in lst:
+            if ins[0] == isa.OPS["ATTN"]:
+                assert sm % 8 == ins[3], "split s must run on rank s"
+                where.setdefault((ins[1], ins[2]), set()).add(sm // 8)
+    assert all(len(c) == 1 for c in where.values()), "a head's splits span clusters"
+    res = Twin(model, sched, rope_inv_freq(cfg)).run(k_tw, v_tw, 1, forced[0], len(prompt), len(forced),
+                                                      forced=forced, order_seed=n_sm, attn_min_pos=2)
+    for s in range(len(forced)):
+        err = ((res.logits[s] - ref[s]).norm() / ref[s].norm()).item()
+        assert err < 1e-4, (s, err)
+
+
+def test_cluster_schedule_refuses_what_the_kernel_cannot_run():
+    with pytest.raises(ValueError, match="not a multiple"):
+        schedule.build(schedule.Dims.of(tiny_cfg()), n_sm=12, cluster=8)
+    with pytest.raises(ValueError, match="2, 4 or 8"):
+        schedule.build(schedule.Dims.of(tiny_cfg()), n_sm=12, cluster=3)
+    with pytest.raises(ValueError, match="multiple of 32"):   # a warp's lanes must cover whole output elements
+        schedule.build(schedule.Dims.of(tiny_cfg(**SHAPES["llama-mha-untied"])), n_sm=16, cluster=8)
+
+
+def test_cluster_oproj_waiting_for_one_split_fewer_is_caught():
+    """In a cluster schedule every split signals ATTN_DONE after merging its share of the head's outputs: an OPROJ
+    waiting for one signal fewer may read a head whose last share is not written yet."""
+    cfg = tiny_cfg()
+    model = tiny_model(cfg)
+    k, v = _prefill(model, cfg, [1, 2, 3])
+    sched = schedule.build(schedule.Dims.of(cfg), n_sm=16, cluster=8)
+    schedule.check(sched)
+    for lst in sched.per_sm:
+        for i, ins in enumerate(lst):
+            if ins[0] == isa.OPS["OPROJ"]:
+                assert ins[5] == cfg.n_kv_heads * 8
+                lst[i] = ins[:5] + (ins[5] - 1,) + ins[6:]
+    twin = Twin(model, sched, rope_inv_freq(cfg))
+    with pytest.raises(ScheduleError):
+        for order in range(12):
+            twin.run(k.clone(), v.clone(), 1, 3, 3, 3, order_seed=order, attn_min_pos=1)
+
+
 def test_greedy_loop_equals_reference_and_order_does_not_matter(qwen_tiny):
     cfg, model = qwen_tiny
     prompt = [3, 17, 42, 9, 100, 7]
