@@ -135,11 +135,16 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
     row["monokernel_stream_us"] = t / N * 1e6
     row["mv_loop"] = mk.mv_loop
     row["fused_mlp"] = mk.fused_mlp
+    row["attn_cluster"] = mk.attn_cluster
+    if "attn_cluster_fallback" in mkb.stats:
+        row["attn_cluster_fallback"] = mkb.stats["attn_cluster_fallback"]
     del mkb, mk
     torch.cuda.empty_cache()
 
     def other_kernel_us(**kw) -> float:
-        """us/token of another Monokernel configuration of this model, same launch otherwise."""
+        """us/token of another Monokernel configuration of this model, same launch otherwise (the engine's
+        attention launch unless kw names one)."""
+        kw.setdefault("attn_cluster", row["attn_cluster"])
         mk2 = Monokernel(model, cache.k, cache.v, max_steps=N + 64, **kw)
         mk2.run(0, tok0, ctx, 32)
         us = timed(lambda: mk2.run(0, tok0, ctx, N), args.reps) / N * 1e6
@@ -152,12 +157,13 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
     # the one-set build with the MLP schedule it does not run by default (GATEUP + DOWN; the fused MLP is one-set
     # only, so for a pipelined model this is the one-set build's other schedule too)
     row["mk_other_mlp_us"] = other_kernel_us(mv_loop="one-set", fused_mlp=False)
-    # the attention combined inside clusters of 8 CTAs (kernels/build.py cluster=True; 120 CTAs on an H200)
+    # the other attention launch: clusters of 8 CTAs (kernels/build.py cluster=True; 120 CTAs on an H200) where the
+    # engine runs without them, and the reverse (schedule.attn_cluster_model): checks the per-model pick
     try:
-        row["mk_cluster8_us"] = other_kernel_us(attn_cluster=8)
+        row["mk_other_attn_us"] = other_kernel_us(attn_cluster=0 if row["attn_cluster"] else 8)
     except Exception as e:
-        row["cluster_skip"] = f"{type(e).__name__}: {e}"
-        log(f"[{name}] cluster launch skipped: {row['cluster_skip']}")
+        row["other_attn_skip"] = f"{type(e).__name__}: {e}"
+        log(f"[{name}] the other attention launch skipped: {row['other_attn_skip']}")
 
     # graph backend (engine/backends/graph.py), if present
     try:
@@ -290,7 +296,7 @@ def main():
         rows.append(row)
         log(json.dumps(row))
     hdr = (f"{'shape':<20} {'roof us':>8} {'mk us':>8} {'mk tok/s':>9} {'%roof':>6} {'v0 us':>7} {'mk+pf us':>9} "
-           f"{'minpos':>10} {'mv loop':>9} {'other':>6} {'mlp':>6} {'other':>6} {'cl8':>6} {'layer us':>8} "
+           f"{'minpos':>10} {'mv loop':>9} {'other':>6} {'mlp':>6} {'other':>6} {'attn':>5} {'other':>6} {'layer us':>8} "
            f"{'stream us':>9} "
            f"{'graph us':>9} {'peer us':>8} {'mk/peer':>8} {'mk/graph':>8}")
     log("")
@@ -305,7 +311,8 @@ def main():
             f"{f(r, 'mk_v0_us', '{:7.0f}')} {pf_best(r)} {best(r, 'mk_minpos'):>10} "
             f"{r.get('mv_loop', '-'):>9} {f(r, 'mk_other_loop_us', '{:6.0f}')} "
             f"{'fused' if r.get('fused_mlp') else 'split':>6} {f(r, 'mk_other_mlp_us', '{:6.0f}')} "
-            f"{f(r, 'mk_cluster8_us', '{:6.0f}')} "
+            f"{'cl' + str(r['attn_cluster']) if r.get('attn_cluster') else 'plain':>5} "
+            f"{f(r, 'mk_other_attn_us', '{:6.0f}')} "
             f"{r['trace']['layer_us'] if 'trace' in r else float('nan'):8.1f} "
             f"{f(r, 'monokernel_stream_us', '{:9.0f}')} {f(r, 'graph_us', '{:9.0f}')} {f(r, 'peer_us', '{:8.0f}')} "
             f"{f(r, 'mk_speedup_vs_peer', '{:7.2f}x')} {f(r, 'mk_speedup_vs_graph', '{:7.2f}x')}")

@@ -144,6 +144,10 @@ PARAM_FIELDS = [
     # Launched in thread-block clusters of this many CTAs, each kv head's attention splits on one cluster (the
     # MK_CLUSTER library); 0: no clusters. Last, so the other fields keep their offsets in every build.
     ("attn_cluster", "i32"),
+    # At context n the attention uses at most max(attn_min_splits, ceil(n / kv_stage_pos)) splits: enough for each
+    # split's positions to fit one staged chunk (copied in before the wait), no more (each costs the combine);
+    # 0: no such bound.
+    ("attn_min_splits", "i32"),
 ]
 # status[] words (device) and host_stat[] words (mapped host memory)
 STATUS_STOP, STATUS_REASON, STATUS_ABORT = 0, 1, 2   # stop: 0 running, else (last step + 1); abort: watchdog

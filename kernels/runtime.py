@@ -98,22 +98,26 @@ class Monokernel:
 
     def __init__(self, model, k_cache: torch.Tensor, v_cache: torch.Tensor, max_steps: int = 4096,
                  n_sm: int | None = None, sched: Schedule | None = None, tp_build: bool = False,
-                 mv_loop: str = "auto", fused_mlp: bool | None = None, attn_cluster: int = 0):
+                 mv_loop: str = "auto", fused_mlp: bool | None = None, attn_cluster: int = 0,
+                 n_splits: int | None = None):
         """sched: a prebuilt schedule for this model's shape and n_sm (tensor parallelism passes one whose
         exchanged waits count every rank's producers, and tp_build: the library variant with the exchange:
         kernels/tp_runtime.py). mv_loop: "auto" (schedule.mv_pipelined_model), "pipelined" or "one-set"; the
         tensor-parallel build has the one-set loop only. fused_mlp: the MLP schedule (schedule.build(fused_mlp=True);
         default: on for the one-GPU one-set build without a prebuilt schedule; the pipelined and tensor-parallel
-        builds have GATEUP + DOWN only). attn_cluster: 2, 4 or 8: launch in thread-block clusters of that many
-        CTAs (the library built with cluster=True) with each kv head's attention splits on one cluster, combined
-        over distributed shared memory (schedule.build(cluster=...)); n_sm defaults to every resident cluster.
+        builds have GATEUP + DOWN only). attn_cluster: 2, 4, 8 or 16 (16: not portable, an H200 holds 7): launch
+        in thread-block clusters of that many CTAs (the library built with cluster=True) with each kv head's
+        attention splits on one cluster, combined over distributed shared memory (schedule.build(cluster=...));
+        n_sm defaults to every resident cluster. n_splits: attention position splits per kv head in the schedule it
+        builds (default: as many as the SMs allow, schedule.build).
         The library calls below bind to the thread's current device, which is the model's device inside this
         block; the caller's comes back after."""
         with torch.cuda.device(model.device):
-            self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, mv_loop, fused_mlp, attn_cluster)
+            self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, mv_loop, fused_mlp, attn_cluster,
+                       n_splits)
 
     def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, mv_loop, fused_mlp,
-              attn_cluster) -> None:
+              attn_cluster, n_splits) -> None:
         if mv_loop not in ("auto", "pipelined", "one-set"):
             raise ValueError(f"mv_loop must be auto, pipelined or one-set, not {mv_loop!r}")
         if tp_build and mv_loop == "pipelined":
@@ -145,7 +149,7 @@ class Monokernel:
             raise ValueError("the fused MLP runs on the one-GPU one-set build with its own schedule only")
         if sched is None:
             fused_mlp = not (tp_build or pipe) if fused_mlp is None else fused_mlp
-            sched = build_schedule(self.dims, self.n_sm, fused_mlp=fused_mlp, cluster=attn_cluster)
+            sched = build_schedule(self.dims, self.n_sm, n_splits, fused_mlp=fused_mlp, cluster=attn_cluster)
         self.sched: Schedule = sched
         self.fused_mlp = sched.fused_mlp
         # Attention staging after the working buffers (mk_attention.cuh): per position its K row (bf16, padded by
@@ -237,6 +241,9 @@ class Monokernel:
         # Attention splits hold at least this many positions (fewer, longer splits at short contexts: a
         # cheaper combine); bench/decode.py sweeps it.
         self.attn_min_pos = 64
+        # ... and at context n at most max(attn_min_splits, ceil(n / kv_stage_pos)) of them: one staged chunk per
+        # split, no more splits than that needs (0: no such bound); bench/NOTES.md session 13.
+        self.attn_min_splits = 8
         # enable_trace(step) sets this: [n_sm, max_instr, TRACE_WORDS] int64 globaltimer stamps of one step.
         self.trace_buf: torch.Tensor | None = None
         self.trace_step = 0
@@ -302,6 +309,7 @@ class Monokernel:
         p.acc = _ptr(self.acc)
         p.early_loads = int(self.early_loads)
         p.attn_min_pos = int(self.attn_min_pos)
+        p.attn_min_splits = int(self.attn_min_splits)
         if not 1 <= self.kv_stage_pos <= self.stage_capacity:
             raise ValueError(f"kv_stage_pos {self.kv_stage_pos} outside 1..{self.stage_capacity}")
         p.kv_stage_pos = int(self.kv_stage_pos)

@@ -95,6 +95,37 @@ def mv_pipelined_model(dm: Dims) -> bool:
     return suited >= sum(b for _, b in per_layer) / 2
 
 
+# Layers whose weights stream in less than this many bytes run the attention in clusters (attn_cluster_model).
+CLUSTER_LAYER_BYTES = 48 << 20
+CLUSTER_SIZE = 8
+
+
+def layer_weight_bytes(dm: Dims) -> int:
+    """bf16 bytes of one decoder layer's matrices (QKV, O, gate + up, down)."""
+    return 2 * (dm.d * (dm.q_dim + 2 * dm.kv_dim) + dm.q_dim * dm.d + 3 * dm.d * dm.ffn)
+
+
+def attn_cluster_model(dm: Dims) -> int:
+    """The cluster size the one-GPU engine launches this model with (0: no clusters; Monokernel(attn_cluster=)).
+    Clusters of 8 combine each kv head's attention over distributed shared memory (~1 us per layer cheaper) but
+    leave 12 of an H200's 132 SMs idle, which costs the weight streaming of big layers more than it saves. Measured
+    (bench/NOTES.md, session 13, ctx 512): 0.5B (30 MB per layer) 658 vs 684 us/token; Llama-1B (122 MB) 879 vs
+    862; 1.5B (94 MB) 1355 vs 1311. The schedule also needs q heads x head_dim per kv head a multiple of 32."""
+    if (dm.group * dm.head_dim) % 32 or layer_weight_bytes(dm) > CLUSTER_LAYER_BYTES:
+        return 0
+    return CLUSTER_SIZE
+
+
+def attn_splits_in_use(n: int, n_splits: int, min_pos: int, min_splits: int, stage_pos: int) -> int:
+    """Attention splits with positions at context length n (mk_attention.cuh attn_splits): ceil(n / min_pos) of the
+    n_splits, and with min_splits > 0 at most max(min_splits, ceil(n / stage_pos)): one staged chunk of stage_pos
+    positions per split."""
+    s = min(n_splits, -(-n // min_pos))
+    if min_splits > 0:
+        s = min(s, max(min_splits, -(-n // stage_pos)))
+    return max(1, s)
+
+
 def items_per_row(k: int) -> int:
     """Matvec work items per output row: one item = 32 lanes x U 16-byte chunks (8 bf16 each). Counted with the
     pipelined build's U (MV_UNROLL_PIPE, the smaller one), so the bound holds for every library build."""
@@ -145,8 +176,8 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
     the layer); every split merges its share of the head's outputs over distributed shared memory and signals
     ATTN_DONE (mk_attention.cuh attn_cluster_combine)."""
     if cluster:
-        if cluster not in (2, 4, 8):
-            raise ValueError(f"cluster {cluster}: 2, 4 or 8 CTAs")
+        if cluster not in (2, 4, 8, 16):
+            raise ValueError(f"cluster {cluster}: 2, 4, 8 or 16 CTAs")
         if n_sm % cluster:
             raise ValueError(f"cluster {cluster}: n_sm {n_sm} is not a multiple of it")
         if (dims.group * dims.head_dim) % 32:

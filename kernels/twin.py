@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from . import isa
 from .sampling_rng import gumbel
-from .schedule import Schedule
+from .schedule import Schedule, attn_splits_in_use
 
 EMBED = 0   # pseudo-stage tag for the embedding written by the prologue / SAMPLE
 
@@ -70,11 +70,13 @@ class Twin:
     def run(self, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int, token: int, pos0: int, n_steps: int,
             temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, stop_ids=(), forced=None,
             cancel_at_step: int | None = None, order_seed: int = 0, valid_len: int | None = None,
-            capture: dict | None = None, attn_min_pos: int = 64) -> TwinResult:
+            capture: dict | None = None, attn_min_pos: int = 64, attn_min_splits: int = 0,
+            kv_stage_pos: int = 128) -> TwinResult:
         """k_cache/v_cache: [S, L, kvh, max_len, hd] (fp32, updated in place). forced: tokens fed at steps 1..
         (teacher forcing; forced[s] is the input of step s, forced[0] unused). valid_len: positions < valid_len
         hold prefilled KV (default pos0). capture: filled with the final scratch buffers (x, qkv, attn, h).
-        attn_min_pos: as Monokernel.attn_min_pos (attention uses ceil(n / attn_min_pos) of the splits)."""
+        attn_min_pos, attn_min_splits, kv_stage_pos: as Monokernel's (schedule.attn_splits_in_use: the splits the
+        attention uses)."""
         dm, sc = self.dm, self.s
         L, g, hd, S = dm.n_layers, dm.group, dm.head_dim, sc.n_splits
         qd, kvd = dm.q_dim, dm.kv_dim
@@ -182,7 +184,7 @@ class Twin:
             for sl, nm in ((qs, "q"), (ks, "k"), (vs, "v")):
                 self._expect(tags["qkv"][sl], want, nm, ins)
             n = pos + 1
-            s_eff = max(1, min(S, -(-n // env["attn_min_pos"])))   # splits with positions (mk_attention.cuh)
+            s_eff = attn_splits_in_use(n, S, env["attn_min_pos"], env["attn_min_splits"], env["kv_stage_pos"])
             p0, p1 = (split * n // s_eff, (split + 1) * n // s_eff) if split < s_eff else (0, 0)
             if split == s_eff - 1:   # the split holding pos appends this step's K/V
                 k_cache[slot, layer, head, pos] = self._rope(qkv[ks].clone(), pos)

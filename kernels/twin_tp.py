@@ -56,7 +56,8 @@ class TwinTP:
 
     def run(self, k_caches, v_caches, slot: int, token: int, pos0: int, n_steps: int, temperature: float = 0.0,
             top_p: float = 1.0, seed: int = 0, stop_ids=(), forced=None, cancel_at_step: int | None = None,
-            order_seed: int = 0, valid_len: int | None = None, attn_min_pos: int = 64) -> TPTwinResult:
+            order_seed: int = 0, valid_len: int | None = None, attn_min_pos: int = 64,
+            attn_min_splits: int = 0, kv_stage_pos: int = 128) -> TPTwinResult:
         """k_caches[r]/v_caches[r]: rank r's [S, L, kvh_local, max_len, hd] fp32 caches (updated in place).
         cancel_at_step: the step at which rank 0's sampler first sees the host's cancel flag; like the kernel,
         every rank then cancels from the next step on. Other arguments as Twin.run."""
@@ -72,7 +73,8 @@ class TwinTP:
                 h=torch.zeros(dm.ffn), part=torch.zeros(dm.n_kv, S, g, dm.head_dim + 2), logits=torch.zeros(self.vocab),
                 recv=torch.zeros(L, 2, N, d), recs={}, ctr=np.zeros(sc.n_counters, dtype=np.int64),
                 k_cache=k_caches[r], v_cache=v_caches[r], slot=slot, pos0=pos0, valid_len=valid_len,
-                attn_min_pos=attn_min_pos, temperature=temperature, top_p=top_p, seed=seed, stop_ids=stop_ids,
+                attn_min_pos=attn_min_pos, attn_min_splits=attn_min_splits,
+                kv_stage_pos=kv_stage_pos, temperature=temperature, top_p=top_p, seed=seed, stop_ids=stop_ids,
                 forced=forced, cancel_at_step=None, out_tokens=[], out_logits=[],
                 state={"stop": False, "finish": "length", "token": token}, rank=r)
             env["tags"] = {n: np.full(sz, -1, dtype=np.int64) for n, sz in

@@ -119,14 +119,30 @@ class MonokernelBackend(Backend):
             raise BackendUnavailable(why)
         if cache.k.dtype != torch.bfloat16:
             raise BackendUnavailable(f"monokernel needs a bf16 KV cache (got {cache.k.dtype})")
-        from kernels.runtime import Monokernel
-        self.mk = Monokernel(model, cache.k, cache.v, max_steps=max_steps)
-        self._logits = torch.empty(1, model.cfg.vocab_size, dtype=torch.float32, device=model.device)
         self.stats = {"launches": 0, "tokens": 0, "cancelled": 0}
+        self.mk = self._kernel(model, cache, max_steps)
+        self.stats["attn_cluster"] = self.mk.attn_cluster
+        self._logits = torch.empty(1, model.cfg.vocab_size, dtype=torch.float32, device=model.device)
         self._clock_sums: dict[str, list] = {}     # _LaunchClock totals over all launches
         # Completion prefill replays CUDA graphs (eager launch overhead was ~20 ms on the 1.5B model).
         self.prefill_graphs = PrefillGraphs(model, cache)
         log.info("monokernel backend ready: %s", self.describe())
+
+    def _kernel(self, model, cache, max_steps):
+        """The kernel this model runs: in thread-block clusters where schedule.attn_cluster_model picks them (small
+        layers), else the plain launch. A cluster launch that cannot start here (library build, too few resident
+        clusters) falls back to the plain one, with the reason in the log and in stats["attn_cluster_fallback"]."""
+        from kernels.runtime import Monokernel
+        from kernels.schedule import Dims, attn_cluster_model
+        cluster = attn_cluster_model(Dims.of(model.cfg))
+        if cluster:
+            try:
+                return Monokernel(model, cache.k, cache.v, max_steps=max_steps, attn_cluster=cluster)
+            except Exception as e:   # noqa: BLE001 - any failure of the fast path: say why, run the plain launch
+                why = f"{type(e).__name__}: {e}"
+                self.stats["attn_cluster_fallback"] = why
+                log.warning("monokernel: clusters of %d not used (%s); launching without clusters", cluster, why)
+        return Monokernel(model, cache.k, cache.v, max_steps=max_steps)
 
     def warmup(self) -> None:
         """One real step on slot 0 (empty at start, its KV position 0 is rewritten by any later prefill)."""
@@ -137,7 +153,8 @@ class MonokernelBackend(Backend):
     def describe(self) -> str:
         s = self.mk.sched
         return (f"monokernel ({self.mk.n_sm} CTAs, {sum(map(len, s.per_sm))} instructions/step, "
-                f"{self.mk.mv_loop} matvec loop, {'fused MLP' if self.mk.fused_mlp else 'GATEUP + DOWN'})")
+                f"{self.mk.mv_loop} matvec loop, {'fused MLP' if self.mk.fused_mlp else 'GATEUP + DOWN'}, "
+                f"{f'attention in clusters of {self.mk.attn_cluster}' if self.mk.attn_cluster else 'no clusters'})")
 
     def prefill(self, slot, ids, start_pos, all_logits=False):
         out = self.prefill_graphs.prefill(slot, ids, start_pos, all_logits)

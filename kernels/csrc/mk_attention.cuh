@@ -5,9 +5,12 @@
 
 // ---------------------------------------------------------------- attention
 // Attention position splits in use at context length n (the rest only take their ticket): fewer, longer
-// splits at short contexts keep the combine cheap (bench/NOTES.md, v3 sweep).
+// splits at short contexts keep the combine cheap (bench/NOTES.md, v3 sweep), and at long contexts no more than
+// one staged chunk per split needs (session 13). schedule.attn_splits_in_use is the host's copy.
 MK_DEV int attn_splits(const MkParams& p, int n) {
-    return max(1, min(p.n_splits, (n + p.attn_min_pos - 1) / p.attn_min_pos));
+    int s = min(p.n_splits, (n + p.attn_min_pos - 1) / p.attn_min_pos);
+    if (p.attn_min_splits > 0) s = min(s, max(p.attn_min_splits, (n + p.kv_stage_pos - 1) / p.kv_stage_pos));
+    return max(1, s);
 }
 
 // Positions [p0, p1) of a split at context length n = pos + 1 (p0 == p1: an idle split).

@@ -146,4 +146,5 @@ struct MkParams {
     int lane_agg;
     float lane_scale;
     int attn_cluster;
+    int attn_min_splits;
 };

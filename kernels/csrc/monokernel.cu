@@ -264,6 +264,13 @@ int mk_launch(const MkParams* p, int grid, int smem, void* stream, int n_ctr) {
     return mk_start(p, grid, smem, stream);
 }
 
+// The kernel's shared memory, and for clusters of more than the portable 8 CTAs (16 on an H200) the opt-in to them.
+static cudaError_t kernel_attributes(int smem, int cluster) {
+    cudaError_t e = cudaFuncSetAttribute(mk_decode, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e == cudaSuccess && cluster > 8) e = cudaFuncSetAttribute(mk_decode, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
+    return e;
+}
+
 // A launch of `grid` CTAs in clusters of `cluster` (mk_start, mk_max_clusters); `at` holds the attribute cfg points to.
 static cudaLaunchConfig_t cluster_config(int grid, int smem, cudaStream_t s, int cluster, cudaLaunchAttribute& at) {
     cudaLaunchConfig_t cfg = {};
@@ -282,7 +289,7 @@ static cudaLaunchConfig_t cluster_config(int grid, int smem, cudaStream_t s, int
 
 int mk_start(const MkParams* p, int grid, int smem, void* stream) {
     cudaStream_t s = (cudaStream_t)stream;
-    cudaError_t e = cudaFuncSetAttribute(mk_decode, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cudaError_t e = kernel_attributes(smem, p->attn_cluster);
     if (e != cudaSuccess) return (int)e;
     MkParams local = *p;
     if ((p->attn_cluster > 0) != (MK_CLUSTER != 0)) return (int)cudaErrorInvalidValue;   // library / launch mismatch
@@ -304,7 +311,7 @@ int mk_start(const MkParams* p, int grid, int smem, void* stream) {
 
 // How many clusters of `cluster` CTAs with `smem` bytes of dynamic shared memory can be resident at once.
 int mk_max_clusters(int smem, int cluster, int* n) {
-    cudaError_t e = cudaFuncSetAttribute(mk_decode, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cudaError_t e = kernel_attributes(smem, cluster);
     if (e != cudaSuccess) return (int)e;
     cudaLaunchAttribute at;
     const cudaLaunchConfig_t cfg = cluster_config(cluster, smem, nullptr, cluster, at);

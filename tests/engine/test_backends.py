@@ -105,3 +105,41 @@ def test_backend_stats_method_or_dict(tiny_qwen, fake_monokernel):
     assert s["backend_stats"] == {"launches": 3} and s["backend_detail"] == "monokernel"
     e2 = Engine.load(str(tiny_qwen), device="cpu", backend="reference")
     assert e2.stats()["backend_stats"] == {}
+
+
+class _FakeKernel:
+    """Stands in for kernels.runtime.Monokernel: records its arguments; a cluster launch fails when told to."""
+    fail_clusters = False
+    made: list = []
+
+    def __init__(self, model, k, v, max_steps=4096, attn_cluster=0):
+        if attn_cluster and self.fail_clusters:
+            raise RuntimeError("cluster occupancy: only 7 clusters resident")
+        self.attn_cluster = attn_cluster
+        _FakeKernel.made.append(attn_cluster)
+
+
+@pytest.mark.parametrize("name,cluster", [("qwen2.5-coder-0.5b", 8), ("qwen2.5-coder-1.5b", 0)])
+@pytest.mark.parametrize("fail", [False, True])
+def test_monokernel_cluster_launch_choice_and_fallback(monkeypatch, caplog, name, cluster, fail):
+    """The backend launches in clusters where schedule.attn_cluster_model picks them; a cluster launch that cannot
+    start falls back to the plain one and says why (log line + stats), never silently."""
+    import kernels.runtime
+    from engine.backends.monokernel import MonokernelBackend
+    from engine.config import preset
+    monkeypatch.setattr(kernels.runtime, "Monokernel", _FakeKernel)
+    monkeypatch.setattr(_FakeKernel, "fail_clusters", fail)
+    monkeypatch.setattr(_FakeKernel, "made", [])
+    be = object.__new__(MonokernelBackend)
+    be.stats = {}
+    model = types.SimpleNamespace(cfg=preset(name))
+    cache = types.SimpleNamespace(k=None, v=None)
+    with caplog.at_level(logging.WARNING, logger="engine"):
+        mk = be._kernel(model, cache, 64)
+    if cluster and fail:
+        assert mk.attn_cluster == 0 and _FakeKernel.made == [0]
+        assert "only 7 clusters resident" in be.stats["attn_cluster_fallback"]
+        assert any("clusters of 8 not used" in r.getMessage() for r in caplog.records)
+    else:
+        assert mk.attn_cluster == cluster and _FakeKernel.made == [cluster]
+        assert "attn_cluster_fallback" not in be.stats and not caplog.records

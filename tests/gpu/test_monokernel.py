@@ -160,6 +160,9 @@ def test_engine_end_to_end(tmp_path):
                              intermediate_size=512, n_layers=2, init_std=0.2)
     eng = Engine.load(d, device="cuda", backend="monokernel", max_seq_len=512, kv_slots=2)
     assert eng.stats()["backend"] == "monokernel", eng.stats()
+    # small layers: the engine launches the attention in clusters of 8 (schedule.attn_cluster_model) and says so
+    assert eng.stats()["backend_stats"]["attn_cluster"] == 8, eng.stats()
+    assert "attention in clusters of 8" in eng.stats()["backend_detail"]
     prompt = list(range(10, 40))
     res = eng.complete(prompt, max_new_tokens=40, stop_ids=frozenset())
     assert len(res.token_ids) == 40
@@ -189,44 +192,50 @@ def test_load_timing_variants_are_bit_identical(name):
 
 @pytest.mark.parametrize("name", [SHAPES[0], SHAPES[1]])
 def test_attention_split_length_only_changes_rounding(name):
-    """attn_min_pos picks how many position splits carry the attention (64 at min_pos 1, one at 4096), and
-    kv_stage_pos how many positions a split stages per chunk (1 and 16: many chunks, each merged into the running
-    softmax): the logits agree to rounding, and each setting is reproducible to the bit."""
+    """attn_min_pos and attn_min_splits pick how many position splits carry the attention (every split at min_pos 1
+    without the min_splits bound, 8 at min_splits 8 from position 64 on, one at min_pos 4096), and kv_stage_pos
+    how many positions a split stages per chunk (1 and 16: many chunks, each merged into the running softmax; with
+    min_splits 8, 16 positions per chunk also means ceil(n / 16) splits): the logits agree to rounding, and each
+    setting is reproducible to the bit."""
     s = setup_for(name)
     forced = s.ids[PROMPT:PROMPT + 16].tolist()
     outs = {}
     cap = s.mk.kv_stage_pos
-    for mp, st in ((1, cap), (64, cap), (4096, cap), (64, cap), (64, 16), (4096, 1)):
+    default = (64, 8, cap)
+    for key in ((1, 0, cap), default, (4096, 0, cap), default, (64, 8, 16), (4096, 0, 1), (1, 8, cap)):
         s.restore()
-        s.mk.attn_min_pos, s.mk.kv_stage_pos = mp, st
+        s.mk.attn_min_pos, s.mk.attn_min_splits, s.mk.kv_stage_pos = key
         out = torch.empty(16, s.cfg.vocab_size, device="cuda")
         s.mk.run(0, forced[0], PROMPT, 16, forced=forced, logits_out=out)
-        if (mp, st) in outs:
-            assert torch.equal(outs[(mp, st)], out), "same split length, different bits"
-        outs[(mp, st)] = out
-    s.mk.attn_min_pos, s.mk.kv_stage_pos = 64, cap
-    for key in ((1, cap), (4096, cap), (64, 16), (4096, 1)):
-        err = max(rel(outs[key][i], outs[(64, cap)][i]) for i in range(16))
-        print(f"{name}: attn_min_pos {key[0]}, kv_stage_pos {key[1]} vs 64, {cap}: rel L2 max {err:.2e}")
+        if key in outs:
+            assert torch.equal(outs[key], out), "same split length, different bits"
+        outs[key] = out
+    s.mk.attn_min_pos, s.mk.attn_min_splits, s.mk.kv_stage_pos = default
+    for key in ((1, 0, cap), (4096, 0, cap), (64, 8, 16), (4096, 0, 1), (1, 8, cap)):
+        err = max(rel(outs[key][i], outs[default][i]) for i in range(16))
+        print(f"{name}: attn_min_pos {key[0]}, attn_min_splits {key[1]}, kv_stage_pos {key[2]} vs {default}: "
+              f"rel L2 max {err:.2e}")
         assert err < 2e-3, (key, err)
 
 
+@pytest.mark.parametrize("cs", [8, 16])
 @pytest.mark.parametrize("name", SHAPES)
-def test_attention_clusters_match_the_default_launch(name):
-    """Monokernel(attn_cluster=8): clusters of 8 CTAs, each kv head's 8 attention splits on one cluster, combined
-    over distributed shared memory. With 16-position splits (5 to 8 splits in use at positions 64..127) the
-    teacher-forced logits match the fp32 reference, agree with the default launch to rounding, and repeat to the
-    bit."""
+def test_attention_clusters_match_the_default_launch(name, cs):
+    """Monokernel(attn_cluster=cs): clusters of cs CTAs (16: the non-portable size), each kv head's cs attention
+    splits on one cluster, combined over distributed shared memory. With splits of 128 / cs positions (from half
+    of the splits to all of them in use at positions 64..127) the teacher-forced logits match the fp32 reference,
+    agree with the default launch to rounding, and repeat to the bit."""
     from kernels.runtime import Monokernel
     s = setup_for(name)
     steps = 64
-    mk = Monokernel(s.m16, s.k16, s.v16, max_steps=steps + 8, attn_cluster=8)
-    assert mk.n_sm % 8 == 0 and mk.sched.n_splits == 8
+    mk = Monokernel(s.m16, s.k16, s.v16, max_steps=steps + 8, attn_cluster=cs)
+    assert mk.n_sm % cs == 0 and mk.sched.n_splits == cs
     forced = s.ids[PROMPT:PROMPT + steps].tolist()
     ref = torch.stack([s.m32.forward(s.k32, s.v32, 0, s.ids[PROMPT + j:PROMPT + j + 1].cuda(), PROMPT + j)
                        for j in range(steps)])
     outs = []
-    mk.attn_min_pos = s.mk.attn_min_pos = 16
+    mk.attn_min_pos = 128 // cs
+    s.mk.attn_min_pos = 16
     for kernel in (mk, mk, s.mk):
         s.restore()
         out = torch.full((steps, s.cfg.vocab_size), float("nan"), device="cuda")
@@ -235,7 +244,7 @@ def test_attention_clusters_match_the_default_launch(name):
     s.mk.attn_min_pos = 64
     err = max(rel(outs[0][j], ref[j]) for j in range(steps))
     between = max(rel(outs[0][j], outs[2][j]) for j in range(steps))
-    print(f"\n{name}: attention in clusters of 8 on {mk.n_sm} CTAs: teacher-forced rel L2 max {err:.2e}, "
+    print(f"\n{name}: attention in clusters of {cs} on {mk.n_sm} CTAs: teacher-forced rel L2 max {err:.2e}, "
           f"vs the default launch {between:.2e}")
     assert err <= 1e-2 and between <= 2e-3
     assert torch.equal(outs[0], outs[1])

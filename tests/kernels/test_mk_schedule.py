@@ -1,5 +1,6 @@
 """Static properties of the per-SM instruction lists for real model shapes and tiny ones."""
 import pytest
+from hypothesis import given, strategies as st
 
 from engine.config import preset
 from kernels import isa, schedule
@@ -95,6 +96,25 @@ def test_matvec_loop_per_model(dims, pipelined):
     assert schedule.mv_pipelined_model(dims) is pipelined
 
 
+@pytest.mark.parametrize("name,cluster", [("qwen2.5-coder-0.5b", 8), ("llama-3.2-1b", 0), ("qwen2.5-coder-1.5b", 0)])
+def test_attention_cluster_per_model(name, cluster):
+    # the measured winners for the three bench shapes (bench/NOTES.md, session 13): clusters for small layers only
+    dims = schedule.Dims.of(preset(name))
+    assert schedule.attn_cluster_model(dims) == cluster
+    assert (schedule.layer_weight_bytes(dims) <= schedule.CLUSTER_LAYER_BYTES) == bool(cluster)
+    if cluster:   # and the schedule it picks builds on the 120 CTAs an H200 holds in clusters of 8
+        assert schedule.build(dims, 120, cluster=cluster).cluster == cluster
+
+
+def test_attention_cluster_needs_warp_uniform_heads():
+    # q heads x head_dim per kv head must be a multiple of 32: a small model whose heads are not gets no clusters
+    dims = schedule.Dims(d=96, n_layers=2, n_heads=3, n_kv=3, head_dim=16, ffn=192, vocab=100, eps=1e-6)
+    assert schedule.layer_weight_bytes(dims) < schedule.CLUSTER_LAYER_BYTES
+    assert schedule.attn_cluster_model(dims) == 0
+    with pytest.raises(ValueError, match="multiple of 32"):
+        schedule.build(dims, 16, cluster=8)
+
+
 def _hosts(s, op, layer):
     """SM index -> instruction of stage `op` in `layer` (at most one per SM)."""
     out = {}
@@ -124,3 +144,31 @@ def test_oproj_leaves_the_low_attention_splits_free(name, spread):
         # the highest splits' SMs get OPROJ first
         by_split = sorted(attn, key=lambda sm: -attn[sm][3])
         assert set(by_split[:min(len(oproj), len(by_split))]) <= set(oproj)
+
+
+def _fewest(n: int, per: int) -> int:
+    """The fewest parts of at most `per` positions that hold n positions, counted up one by one."""
+    k = 1
+    while k * per < n:
+        k += 1
+    return k
+
+
+@given(n=st.integers(1, 20000), n_splits=st.integers(1, 64), min_pos=st.integers(1, 4096),
+       min_splits=st.integers(0, 16), stage_pos=st.integers(1, 600))
+def test_attention_splits_in_use(n, n_splits, min_pos, min_splits, stage_pos):
+    # the host's copy of mk_attention.cuh attn_splits: as many splits as parts of at least min_pos positions fit
+    # (every split at most), and with min_splits > 0 no more than min_splits or the fewest that hold n positions in
+    # one staged chunk of stage_pos each, whichever is more; at least one
+    want = min(n_splits, _fewest(n, min_pos))
+    if min_splits:
+        want = min(want, max(min_splits, _fewest(n, stage_pos)))
+    assert schedule.attn_splits_in_use(n, n_splits, min_pos, min_splits, stage_pos) == want
+
+
+def test_attention_splits_at_long_contexts():
+    # the runtime's defaults (min_pos 64, min_splits 8) with 128 staged positions: 8 splits at 512 as before, then
+    # one chunk per split (16 at 2048, 64 at 8192); 66 splits in the schedule (0.5B on an H200)
+    assert [schedule.attn_splits_in_use(n, 66, 64, 8, 128) for n in (64, 300, 512, 1024, 2048, 4096, 8192)] == \
+        [1, 5, 8, 8, 16, 32, 64]
+    assert [schedule.attn_splits_in_use(n, 66, 64, 0, 128) for n in (512, 1024, 2048)] == [8, 16, 32]

@@ -29,9 +29,11 @@ def _prefill(model, cfg, ids, slots=2):
 
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("n_sm", [5, 16])
-@pytest.mark.parametrize("min_pos", [1, 3, 64])   # every split / a few splits / one split carries the positions
+# every split / a few splits / one split carries the positions / one chunk of 4 staged positions per split (3 or 4
+# splits at n 10..14, at least 2)
+@pytest.mark.parametrize("min_pos,min_splits", [(1, 0), (3, 0), (64, 0), (1, 2)])
 @pytest.mark.parametrize("fused", [False, True], ids=["gateup-down", "fused-mlp"])
-def test_teacher_forced_logits_equal_reference(shape, n_sm, min_pos, fused):
+def test_teacher_forced_logits_equal_reference(shape, n_sm, min_pos, min_splits, fused):
     cfg = tiny_cfg(**SHAPES[shape])
     model = tiny_model(cfg, seed=hash(shape) % 1000)
     g = torch.Generator().manual_seed(n_sm)
@@ -44,7 +46,8 @@ def test_teacher_forced_logits_equal_reference(shape, n_sm, min_pos, fused):
     sched = schedule.build(schedule.Dims.of(cfg), n_sm=n_sm, fused_mlp=fused)
     schedule.check(sched)
     res = Twin(model, sched, rope_inv_freq(cfg)).run(k_tw, v_tw, 1, forced[0], len(prompt), len(forced),
-                                                      forced=forced, order_seed=n_sm, attn_min_pos=min_pos)
+                                                      forced=forced, order_seed=n_sm, attn_min_pos=min_pos,
+                                                      attn_min_splits=min_splits, kv_stage_pos=4)
     assert res.steps_run == len(forced) and res.finish == "length"
     for s in range(len(forced)):
         err = ((res.logits[s] - ref[s]).norm() / ref[s].norm()).item()
@@ -60,11 +63,12 @@ CLUSTER_SHAPES = [k for k in SHAPES if k != "llama-mha-untied"]   # q heads x he
 
 
 @pytest.mark.parametrize("shape", CLUSTER_SHAPES)
-@pytest.mark.parametrize("n_sm", [16, 24])
+@pytest.mark.parametrize("n_sm,cs", [(16, 8), (24, 8), (32, 16)])
 @pytest.mark.parametrize("fused", [False, True], ids=["gateup-down", "fused-mlp"])
-def test_cluster_schedule_logits_equal_reference(shape, n_sm, fused):
-    """schedule.build(cluster=8): each kv head's 8 splits sit on ranks 0-7 of one cluster (rotating with the layer,
-    two heads on one cluster when there are fewer clusters than heads) and the results still equal the reference."""
+def test_cluster_schedule_logits_equal_reference(shape, n_sm, cs, fused):
+    """schedule.build(cluster=cs): each kv head's cs splits sit on ranks 0 .. cs - 1 of one cluster (rotating with the
+    layer, two heads on one cluster when there are fewer clusters than heads) and the results still equal the
+    reference."""
     cfg = tiny_cfg(**SHAPES[shape])
     model = tiny_model(cfg, seed=hash(shape) % 1000)
     ids = torch.randint(0, cfg.vocab_size, (14,), generator=torch.Generator().manual_seed(n_sm)).tolist()
@@ -73,15 +77,15 @@ def test_cluster_schedule_logits_equal_reference(shape, n_sm, fused):
     k_tw, v_tw = k_ref.clone(), v_ref.clone()
     ref = torch.stack([model.forward(k_ref, v_ref, 1, torch.tensor([t]), len(prompt) + j)
                        for j, t in enumerate(forced)])
-    sched = schedule.build(schedule.Dims.of(cfg), n_sm=n_sm, fused_mlp=fused, cluster=8)
+    sched = schedule.build(schedule.Dims.of(cfg), n_sm=n_sm, fused_mlp=fused, cluster=cs)
     schedule.check(sched)
-    assert sched.n_splits == 8 and sched.cluster == 8
+    assert sched.n_splits == cs and sched.cluster == cs
     where = {}
     for sm, lst in enumerate(sched.per_sm):
         for ins in lst:
             if ins[0] == isa.OPS["ATTN"]:
-                assert sm % 8 == ins[3], "split s must run on rank s"
-                where.setdefault((ins[1], ins[2]), set()).add(sm // 8)
+                assert sm % cs == ins[3], "split s must run on rank s"
+                where.setdefault((ins[1], ins[2]), set()).add(sm // cs)
     assert all(len(c) == 1 for c in where.values()), "a head's splits span clusters"
     res = Twin(model, sched, rope_inv_freq(cfg)).run(k_tw, v_tw, 1, forced[0], len(prompt), len(forced),
                                                       forced=forced, order_seed=n_sm, attn_min_pos=2)
@@ -93,7 +97,7 @@ def test_cluster_schedule_logits_equal_reference(shape, n_sm, fused):
 def test_cluster_schedule_refuses_what_the_kernel_cannot_run():
     with pytest.raises(ValueError, match="not a multiple"):
         schedule.build(schedule.Dims.of(tiny_cfg()), n_sm=12, cluster=8)
-    with pytest.raises(ValueError, match="2, 4 or 8"):
+    with pytest.raises(ValueError, match="2, 4, 8 or 16"):
         schedule.build(schedule.Dims.of(tiny_cfg()), n_sm=12, cluster=3)
     with pytest.raises(ValueError, match="multiple of 32"):   # a warp's lanes must cover whole output elements
         schedule.build(schedule.Dims.of(tiny_cfg(**SHAPES["llama-mha-untied"])), n_sm=16, cluster=8)
