@@ -136,31 +136,32 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
     row["mv_loop"] = mk.mv_loop
     row["fused_mlp"] = mk.fused_mlp
     row["attn_cluster"] = mk.attn_cluster
+    row["mk_ctas"] = mk.n_sm
     if "attn_cluster_fallback" in mkb.stats:
         row["attn_cluster_fallback"] = mkb.stats["attn_cluster_fallback"]
     del mkb, mk
     torch.cuda.empty_cache()
 
-    def other_kernel_us(**kw) -> float:
-        """us/token of another Monokernel configuration of this model, same launch otherwise (the engine's
-        attention launch unless kw names one)."""
+    def other_kernel_us(key: str, **kw) -> None:
+        """row[key]: us/token of another Monokernel configuration of this model, same launch otherwise (the
+        engine's attention launch unless kw names one); row[key without _us + _ctas]: its CTA count."""
         kw.setdefault("attn_cluster", row["attn_cluster"])
         mk2 = Monokernel(model, cache.k, cache.v, max_steps=N + 64, **kw)
+        row[key.replace("_us", "_ctas")] = mk2.n_sm
         mk2.run(0, tok0, ctx, 32)
-        us = timed(lambda: mk2.run(0, tok0, ctx, N), args.reps) / N * 1e6
+        row[key] = timed(lambda: mk2.run(0, tok0, ctx, N), args.reps) / N * 1e6
         del mk2
         torch.cuda.empty_cache()
-        return us
 
     # the other library build's matvec loop (kernels/build.py): checks the per-model pick
-    row["mk_other_loop_us"] = other_kernel_us(mv_loop="one-set" if row["mv_loop"] == "pipelined" else "pipelined")
+    other_kernel_us("mk_other_loop_us", mv_loop="one-set" if row["mv_loop"] == "pipelined" else "pipelined")
     # the one-set build with the MLP schedule it does not run by default (GATEUP + DOWN; the fused MLP is one-set
     # only, so for a pipelined model this is the one-set build's other schedule too)
-    row["mk_other_mlp_us"] = other_kernel_us(mv_loop="one-set", fused_mlp=False)
+    other_kernel_us("mk_other_mlp_us", mv_loop="one-set", fused_mlp=False)
     # the other attention launch: clusters of 8 CTAs (kernels/build.py cluster=True; 120 CTAs on an H200) where the
     # engine runs without them, and the reverse (schedule.attn_cluster_model): checks the per-model pick
     try:
-        row["mk_other_attn_us"] = other_kernel_us(attn_cluster=0 if row["attn_cluster"] else 8)
+        other_kernel_us("mk_other_attn_us", attn_cluster=0 if row["attn_cluster"] else 8)
     except Exception as e:
         row["other_attn_skip"] = f"{type(e).__name__}: {e}"
         log(f"[{name}] the other attention launch skipped: {row['other_attn_skip']}")
@@ -265,6 +266,14 @@ def pf_best(r: dict) -> str:
     return f"{min(vals):9.0f}" if vals else f"{'-':>9}"
 
 
+def attn_columns(r: dict) -> str:
+    """The table's attention-launch columns: the engine's launch and its CTA count (plain:132, cl8:120), then the
+    other launch's us/token and CTA count."""
+    mine = f"{'cl' + str(r['attn_cluster']) if r.get('attn_cluster') else 'plain'}:{r.get('mk_ctas', '-')}"
+    other = f"{r['mk_other_attn_us']:.0f}:{r['mk_other_attn_ctas']}" if "mk_other_attn_us" in r else "-"
+    return f"{mine:>10} {other:>10}"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=",".join(SHAPES))
@@ -296,7 +305,7 @@ def main():
         rows.append(row)
         log(json.dumps(row))
     hdr = (f"{'shape':<20} {'roof us':>8} {'mk us':>8} {'mk tok/s':>9} {'%roof':>6} {'v0 us':>7} {'mk+pf us':>9} "
-           f"{'minpos':>10} {'mv loop':>9} {'other':>6} {'mlp':>6} {'other':>6} {'attn':>5} {'other':>6} {'layer us':>8} "
+           f"{'minpos':>10} {'mv loop':>9} {'other':>6} {'mlp':>6} {'other':>6} {'attn:CTAs':>10} {'other:CTAs':>10} {'layer us':>8} "
            f"{'stream us':>9} "
            f"{'graph us':>9} {'peer us':>8} {'mk/peer':>8} {'mk/graph':>8}")
     log("")
@@ -311,8 +320,7 @@ def main():
             f"{f(r, 'mk_v0_us', '{:7.0f}')} {pf_best(r)} {best(r, 'mk_minpos'):>10} "
             f"{r.get('mv_loop', '-'):>9} {f(r, 'mk_other_loop_us', '{:6.0f}')} "
             f"{'fused' if r.get('fused_mlp') else 'split':>6} {f(r, 'mk_other_mlp_us', '{:6.0f}')} "
-            f"{'cl' + str(r['attn_cluster']) if r.get('attn_cluster') else 'plain':>5} "
-            f"{f(r, 'mk_other_attn_us', '{:6.0f}')} "
+            f"{attn_columns(r)} "
             f"{r['trace']['layer_us'] if 'trace' in r else float('nan'):8.1f} "
             f"{f(r, 'monokernel_stream_us', '{:9.0f}')} {f(r, 'graph_us', '{:9.0f}')} {f(r, 'peer_us', '{:8.0f}')} "
             f"{f(r, 'mk_speedup_vs_peer', '{:7.2f}x')} {f(r, 'mk_speedup_vs_graph', '{:7.2f}x')}")
