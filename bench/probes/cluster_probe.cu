@@ -62,19 +62,6 @@ MK_DEV unsigned cluster_id() {
     asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r));
     return r;
 }
-MK_DEV void cluster_arrive_release() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
-MK_DEV void cluster_wait_acquire() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
-// Peer `rank`'s copy of this CTA's shared variable at p.
-MK_DEV unsigned peer_addr(const void* p, unsigned rank) {
-    unsigned a;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(a) : "r"(mk_smem_addr(p)), "r"(rank));
-    return a;
-}
-MK_DEV float ld_cluster_f32(unsigned a) {
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
-    return v;
-}
 MK_DEV unsigned ld_volatile_u32(const unsigned* p) {
     unsigned v;
     asm volatile("ld.volatile.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -170,9 +157,9 @@ __global__ void __launch_bounds__(NT, 1) probe(int ncc, float* buf, unsigned* ct
                 __syncthreads();
                 for (int i = threadIdx.x; i < nc * EO; i += NT) acc += mk_ld_cg(buf + (size_t)src * nc * EO + i);
             } else {
-                cluster_wait_acquire();
+                mk_cluster_wait();
                 for (int i = threadIdx.x; i < (int)csize * EO; i += NT)
-                    acc += ld_cluster_f32(peer_addr(&outs[src][i % EO], i / EO));
+                    acc += mk_ld_cluster(mk_cluster_addr(&outs[src][i % EO], i / EO));
             }
             if (SELF && threadIdx.x == 32 && s >= 2) {   // the copy issued two stages ago has landed
                 probe_mbar_wait(&bars[(self_i - 2) % NSLOT], ((self_i - 2) / NSLOT) & 1);
@@ -195,10 +182,10 @@ __global__ void __launch_bounds__(NT, 1) probe(int ncc, float* buf, unsigned* ct
             __syncthreads();
             if (threadIdx.x == 0) mk_red_release(ctr + s, 1u);
         } else {
-            cluster_arrive_release();
+            mk_cluster_arrive();
         }
     }
-    if (MODE == CLUSTER) cluster_wait_acquire();   // the last arrive's phase: no peer still reads our outputs
+    if (MODE == CLUSTER) mk_cluster_wait();   // the last arrive's phase: no peer still reads our outputs
     if (threadIdx.x == 0 && blockIdx.x == 0) {
         res[0] = mk_globaltimer() - t0;
         asm volatile("st.release.gpu.global.u32 [%0], %1;" :: "l"(stop), "r"(1u) : "memory");
