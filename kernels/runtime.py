@@ -35,7 +35,7 @@ class MkParams(ctypes.Structure):
     _fields_ = [(n, _ctype(k)) for n, k in isa.PARAM_FIELDS]
 
 
-_LIBS: dict[tuple[bool, bool], ctypes.CDLL] = {}
+_LIBS: dict[tuple[bool, bool, bool], ctypes.CDLL] = {}   # (tp, pipe, cluster)
 
 
 def load_library(tp: bool = False, pipe: bool = False, cluster: bool = False) -> ctypes.CDLL:
