@@ -305,7 +305,8 @@ def main():
         rows.append(row)
         log(json.dumps(row))
     hdr = (f"{'shape':<20} {'roof us':>8} {'mk us':>8} {'mk tok/s':>9} {'%roof':>6} {'v0 us':>7} {'mk+pf us':>9} "
-           f"{'minpos':>10} {'mv loop':>9} {'other':>6} {'mlp':>6} {'other':>6} {'attn:CTAs':>10} {'other:CTAs':>10} {'layer us':>8} "
+           f"{'minpos':>10} {'mv loop':>9} {'other':>6} {'mlp':>6} {'other':>6} {'attn:CTAs':>10} {'other:CTAs':>10} "
+           f"{'layer us':>8} "
            f"{'stream us':>9} "
            f"{'graph us':>9} {'peer us':>8} {'mk/peer':>8} {'mk/graph':>8}")
     log("")

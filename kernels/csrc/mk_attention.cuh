@@ -142,7 +142,6 @@ MK_DEV bool op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
         // Warp j < g owns q head j and its partial record (max, denominator, HD weighted sums), which also holds
         // the running state between chunks (attn_head_values).
         const int warp = threadIdx.x >> 5;
-        // cluster mode: the partial stays in this CTA's matvec partial-sum region, which its peers read
 #if MK_CLUSTER   // the partial stays in this CTA's partial-sum region, which its cluster peers read
         float* part = sm + p.sm_red;
 #else

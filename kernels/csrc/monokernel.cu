@@ -328,7 +328,7 @@ int mk_host_alloc(size_t bytes, void** host, void** dev) {
 int mk_host_free(void* host) { return (int)cudaFreeHost(host); }
 
 int mk_occupancy(int smem, int* blocks_per_sm) {
-    cudaError_t e = cudaFuncSetAttribute(mk_decode, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    cudaError_t e = kernel_attributes(smem, 0);
     if (e != cudaSuccess) return (int)e;
     return (int)cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks_per_sm, mk_decode, NT, (size_t)smem);
 }
