@@ -8,7 +8,8 @@ For each stage (layer, op) this derives:
   spread = last - median signal time of the stage (how much the slowest CTA holds everyone up)
 and, per matvec instruction (medians over the stage's instructions): prep = inputs ready -> matvec start
 (norm / vector loads), mv = matvec start -> signalled (weights + epilogue; mv_max the slowest). For ATTN the
-"matvec start" stamp is the split's ticket: prep = the partial, mv_max = the last finisher's combine; the slowest split's partial is
+"matvec start" stamp is the split's partial published: prep = the partial, mv = the wait for the head's other
+partials plus the split's slice of the merge (mv_max the slowest); the slowest split's partial is
 also cut into q (+ rope, K/V append), the position loop, and the merge of the warps' results up to the ticket.
 Per op these are averaged over layers; hop + span summed over a layer's stages is the layer's critical path.
 """

@@ -31,8 +31,9 @@ OPS = {
 FIELDS = ("op", "layer", "a0", "a1", "wait_ctr", "wait_n", "sig_ctr", "aux")
 INSTR_WORDS = len(FIELDS)
 
-# Counter layout: per layer one counter per stage, then LM and TOKEN, then one ATTN ticket per (layer, kv head)
-# (splits take a ticket when their partial is written; the last one combines). ATTN_DONE counts combined heads.
+# Counter layout: per layer one counter per stage, then LM and TOKEN, then one ATTN counter per (layer, kv head)
+# (attn_ticket: every split bumps it once its partial is written, and the head's splits with positions wait for all
+# of them before merging their slices of the head). ATTN_DONE counts splits done (their slice merged, if any).
 CTR_PER_LAYER = 5
 CTR_QKV, CTR_ATTN_DONE, CTR_OPROJ, CTR_GATEUP, CTR_DOWN = 0, 1, 2, 3, 4
 
@@ -161,7 +162,7 @@ HOST_COUNT, HOST_DONE, HOST_REASON = 0, 1, 2
 HOST_WD_BLOCK, HOST_WD_CTR, HOST_WD_TARGET, HOST_WD_VALUE, HOST_WD_STEP = 3, 4, 5, 6, 7
 HOST_WORDS = 8
 # Trace record per instruction (globaltimer ns): wait start, inputs ready, outputs signalled, and the matvec's
-# start (after its norm / vector load) or, for ATTN, the split's ticket; ATTN splits with positions also stamp
+# start (after its norm / vector load) or, for ATTN, its partial published; ATTN splits with positions also stamp
 # q ready (word 4) and their position loop done (word 5). bench/mk_trace.py reads them.
 TRACE_WORDS = 6
 # Fused MLP: acc[] holds the MLP's output as int64 with this many fractional bits (|value| < 2^(63 - bits)).

@@ -151,7 +151,7 @@ KEEP_SPLITS = 8
 
 def oproj_rows(dims: Dims, n_sm: int, n_splits: int, rows: int) -> int:
     """Rows per OPROJ instruction. The low ATTN splits hold the positions at short contexts (mk_attention.cuh:
-    attn_splits) and the last of a head's splits to finish combines it, so an OPROJ on their SMs starts late with its
+    attn_splits) and each of them merges a slice of its head after the others, so an OPROJ on their SMs starts late with its
     weights still on the way while the idle splits' SMs wait with theirs loaded. When the other SMs can take every
     OPROJ row with at most a quarter more rows each, the rows are spread over them only."""
     free = n_sm - dims.n_kv * min(n_splits, KEEP_SPLITS)
@@ -192,6 +192,12 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
     if n_splits is None:
         n_splits = max(1, min(isa.MAX_SPLITS, n_sm // dims.n_kv))
     n_splits = min(n_splits, isa.MAX_SPLITS)
+    if not cluster and n_splits > 1 and dims.n_kv * n_splits > n_sm:
+        # A split with positions waits (inside its ATTN) for every split of its head: with two ATTN of one layer
+        # on an SM, the one behind could be a split another SM's waiting ATTN needs, while that SM's next ATTN is
+        # one this SM's first waits for.
+        raise ValueError(f"{dims.n_kv} kv heads x {n_splits} attention splits need at most one ATTN per SM "
+                         f"per layer ({n_sm} SMs)")
     if fused_mlp and mlp_partial_floats(dims.d) > isa.SMEM_RED_FLOATS:
         raise ValueError(f"fused MLP: hidden size {dims.d} too large for the partial-sum buffer")
     qkv_m = dims.q_dim + 2 * dims.kv_dim
@@ -249,8 +255,8 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
         attn = [(isa.OPS["ATTN"], layer, h, s, ci(layer, isa.CTR_QKV), counts["QKV"],
                  isa.attn_ticket(L, dims.n_kv, layer, h), ci(layer, isa.CTR_ATTN_DONE))
                 for s in range(n_splits) for h in range(dims.n_kv)]
-        # ATTN_DONE producers: the last split of each head (its combine), or in a cluster every split (its slice)
-        oproj = matvec("OPROJ", layer, ci(layer, isa.CTR_ATTN_DONE), dims.n_kv * (cluster or 1), ci(layer, isa.CTR_OPROJ))
+        # ATTN_DONE producers: every split (once its slice of the head's merge is written)
+        oproj = matvec("OPROJ", layer, ci(layer, isa.CTR_ATTN_DONE), dims.n_kv * n_splits, ci(layer, isa.CTR_OPROJ))
         if cluster:   # head h of this layer on cluster (layer n_kv + h) mod n_clusters, split s on its rank s
             for ins in attn:
                 sched.per_sm[(layer * dims.n_kv + ins[2]) % (n_sm // cluster) * cluster + ins[3]].append(ins)
@@ -353,8 +359,7 @@ def check(sched: Schedule) -> None:
             cov = covered.setdefault((layer, op), np.zeros(sizes.get(name, 1), dtype=np.int64))
             if name == "ATTN":
                 cov[a0 * sched.n_splits + a1] += 1
-                # one combine per head, or every split's slice in a cluster schedule
-                signallers[aux] = signallers.get(aux, 0) + (1 if sched.cluster or a1 == 0 else 0)
+                signallers[aux] = signallers.get(aux, 0) + 1   # every split, after its slice of the merge
             elif name == "SAMPLE":
                 cov[0] += 1
                 signallers[sc] = signallers.get(sc, 0) + 1

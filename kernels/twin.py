@@ -208,7 +208,10 @@ class Twin:
                 pr[:, 0], pr[:, 1], pr[:, 2:] = float("-inf"), 0.0, 0.0
             tags["part"][head * S + split] = _tag(step, layer, op)
             ctr[sig] += 1
-            if ctr[sig] == (step + 1) * S:   # last split of this head to finish: combine the s_eff partials
+            # Every split publishes its partial; once all S have, the splits with positions each merge a slice of
+            # the head (mk_attention.cuh attn_merge_slice): modelled as the whole merge at the last publication,
+            # with every split's ATTN_DONE bump (OPROJ waits for all n_kv x S of them, so for every slice).
+            if ctr[sig] == (step + 1) * S:
                 self._expect(tags["part"][head * S:(head + 1) * S], _tag(step, layer, op), "part", ins)
                 pp = part[head, :s_eff]
                 mx = pp[:, :, 0].max(dim=0).values                 # [g]
@@ -217,9 +220,7 @@ class Twin:
                 den = (wgt * pp[:, :, 1]).sum(0)
                 attn[head * g * hd:(head + 1) * g * hd] = (num / den[:, None]).reshape(-1)
                 tags["attn"][head * g * hd:(head + 1) * g * hd] = _tag(step, layer, op)
-                ctr[aux] += 1
-            elif sc.cluster:   # every split of a cluster signals (its slice of the combine); the last one combines
-                ctr[aux] += 1
+            ctr[aux] += 1
             return
         elif name == "OPROJ":
             self._expect(tags["attn"], _tag(step, layer, isa.OPS["ATTN"]), "attn", ins)

@@ -4,7 +4,7 @@
 #include "mk_attn_loop.cuh"
 
 // ---------------------------------------------------------------- attention
-// Attention position splits in use at context length n (the rest only take their ticket): fewer, longer
+// Attention position splits in use at context length n (the rest only publish an empty partial): fewer, longer
 // splits at short contexts keep the combine cheap (bench/NOTES.md, v3 sweep), and at long contexts no more than
 // one staged chunk per split needs (session 13). schedule.attn_splits_in_use is the host's copy.
 MK_DEV int attn_splits(const MkParams& p, int n) {
@@ -53,9 +53,9 @@ MK_DEV void attn_prefetch(const MkParams& p, const int* ins, int pos, float* sm)
 // cluster barrier every rank merges its own 1 / NR of the head's g x HD outputs straight from the peers' regions
 // (DSMEM): NR consecutive lanes per output element, one per split, combined with shuffles. Then it arrives on the
 // next cluster barrier phase (it has finished reading its peers) and bumps ATTN_DONE; the matching wait is
-// deferred to the CTA's next instruction (returns true), before it writes its partial-sum region again.
+// deferred to the CTA's next instruction (returns 1), before it writes its partial-sum region again.
 template <int HD>
-MK_DEV bool attn_cluster_combine(const MkParams& p, const int* ins, int ii, int step, int head, int rank, int S_eff,
+MK_DEV int attn_cluster_combine(const MkParams& p, const int* ins, int ii, int step, int head, int rank, int S_eff,
                                  float* sm) {
     const int g = p.group, NR = p.attn_cluster, E = g * HD, e0 = rank * (E / NR);
     const float* red = sm + p.sm_red;
@@ -82,20 +82,58 @@ MK_DEV bool attn_cluster_combine(const MkParams& p, const int* ins, int ii, int 
     }
     mk_cluster_arrive();   // done reading the peers; the wait comes before this CTA next writes its region
     signal_ctr(p.ctr + ins[MK_F_AUX]);
-    return true;
+    return 1;
 }
 #endif
 
+// Split `split` of S_eff merges its slice [e0, e1) of the head's g x HD outputs: per element, the S_eff partials
+// (written by the head's splits, published on its counter) in split order with the online-softmax rule, one thread
+// per element, the loads of MB splits in flight before their arithmetic.
+template <int HD>
+MK_DEV void attn_merge_slice(const MkParams& p, int head, int split, int S_eff) {
+    constexpr int MB = 4;
+    const int g = p.group, E = g * HD, per = g * (HD + 2);
+    const int e0 = (int)((long long)split * E / S_eff), e1 = (int)((long long)(split + 1) * E / S_eff);
+    const float* base = p.part + (size_t)head * p.n_splits * per;
+    for (int e = e0 + threadIdx.x; e < e1; e += NT) {
+        const int j = e / HD, i = e - j * HD;
+        float M = -INFINITY, den = 0.f, num = 0.f;
+        for (int s0 = 0; s0 < S_eff; s0 += MB) {   // batches of MB splits: 3 MB loads in flight
+            float ms[MB], ls[MB], os[MB];
+#pragma unroll
+            for (int u = 0; u < MB; ++u) {
+                const float* q = base + (size_t)(s0 + u) * per + j * (HD + 2);
+                const bool in = s0 + u < S_eff;
+                ms[u] = in ? mk_ld_cg(q) : -INFINITY;
+                ls[u] = in ? mk_ld_cg(q + 1) : 0.f;
+                os[u] = in ? mk_ld_cg(q + 2 + i) : 0.f;
+            }
+#pragma unroll
+            for (int u = 0; u < MB; ++u) {
+                if (ms[u] == -INFINITY) continue;
+                const float mn = fmaxf(M, ms[u]);
+                const float c_old = expf(M - mn), c_new = expf(ms[u] - mn);
+                den = den * c_old + ls[u] * c_new;
+                num = num * c_old + os[u] * c_new;
+                M = mn;
+            }
+        }
+        p.attn[(size_t)head * E + e] = num / den;
+    }
+}
+
 // One (kv head, split) partial over positions [p0, p1) of pos + 1. Only the first S_eff = attn_splits(n) splits
-// have positions; split S_eff - 1 (the one holding position pos) appends this step's K/V. The last split to
-// finish (ticket) combines the partials into attn[] and bumps ATTN_DONE.
+// have positions; split S_eff - 1 (the one holding position pos) appends this step's K/V. Once every split of the
+// head has published its partial, each split with positions merges its slice of attn[] (attn_merge_slice, or
+// attn_cluster_combine over DSMEM in a cluster launch) and every split bumps ATTN_DONE.
 //
 // The whole CTA works on one chunk of staged positions at a time (chunk 0 was copied before the wait), in two
 // phases (mk_attn_loop.cuh): scores, one thread per (q head, position); then one warp per q head turns its scores
 // into softmax weights and sums the weighted V rows (no block barrier between the two).
-// Returns true when a cluster barrier wait is pending (MK_CLUSTER: attn_cluster_combine).
+// Returns 1 when a cluster barrier wait is pending (MK_CLUSTER: attn_cluster_combine), -1 when the launch was
+// aborted during the wait for the head's partials, else 0.
 template <int HD>
-MK_DEV bool op_attn(const MkParams& p, const int* ins, int ii, int step, int pos, float* sm, int* sflag) {
+MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos, float* sm, int* sflag) {
     constexpr int HALF = HD / 2;
     const int layer = ins[MK_F_LAYER], head = ins[MK_F_A0], split = ins[MK_F_A1];
     const int g = p.group, S = p.n_splits;
@@ -165,67 +203,15 @@ MK_DEV bool op_attn(const MkParams& p, const int* ins, int ii, int step, int pos
 #if MK_CLUSTER   // the head's splits are ranks 0 .. S - 1 of one cluster (schedule.build(cluster=S))
     return attn_cluster_combine<HD>(p, ins, ii, step, head, split, S_eff, sm);
 #endif
-    if (threadIdx.x == 0) {   // acq_rel: publishes this partial, and the last taker sees every other one
-        const unsigned old = mk_atom_acq_rel(p.ctr + ins[MK_F_SIG_CTR], 1u);
-        *sflag = old == (unsigned)((step + 1) * S - 1);
+    // Every split (idle ones too: S per step) publishes its partial on the head's counter. Once all have, each
+    // split with positions merges its own 1 / S_eff of the head's g x HD outputs from the S_eff partials and
+    // bumps ATTN_DONE; idle splits bump it at once (OPROJ waits for all n_kv x S).
+    signal_ctr(p.ctr + ins[MK_F_SIG_CTR]);
+    trace(p, step, ii, 3);   // partial published; the merge of this split's slice follows
+    if (split < S_eff) {
+        if (!wait_ctr(p, p.ctr + ins[MK_F_SIG_CTR], (unsigned)((step + 1) * S), step, sflag)) return -1;
+        attn_merge_slice<HD>(p, head, split, S_eff);
     }
-    trace(p, step, ii, 3);   // partial done; the last finisher's combine follows
-    __syncthreads();
-    if (*sflag) {
-        // Combine the S_eff partials of this head's g query heads. The partials (contiguous, per split g x (HD + 2)
-        // floats) are copied into the staging region with all threads' loads in flight at once (one L2 round trip
-        // per batch of splits that fits), then each thread merges its output elements (at most 2: g * HD <= 2 * NT)
-        // over the splits in order with the online-softmax rule.
-        constexpr int LB = 16;   // float2 loads in flight per thread
-        const int per = g * (HD + 2);
-        const int SB = max(1, min(S_eff, p.stage_floats / per));
-        const float* pbase = p.part + (size_t)head * S * per;
-        float* sp = sm + p.sm_kv;
-        float M[2] = {-INFINITY, -INFINITY}, den[2] = {0.f, 0.f}, num[2] = {0.f, 0.f};
-        for (int s0 = 0; s0 < S_eff; s0 += SB) {
-            const int nb = min(SB, S_eff - s0);
-            const int n2 = nb * per / 2;   // per is even
-            const float2* src = (const float2*)(pbase + (size_t)s0 * per);
-            for (int k0 = threadIdx.x; k0 < n2; k0 += NT * LB) {
-                float2 r[LB];
-#pragma unroll
-                for (int u = 0; u < LB; ++u) {
-                    const int k = k0 + u * NT;
-                    r[u] = k < n2 ? mk_ld_cg2(src + k) : make_float2(0.f, 0.f);
-                }
-#pragma unroll
-                for (int u = 0; u < LB; ++u) {
-                    const int k = k0 + u * NT;
-                    if (k < n2) ((float2*)sp)[k] = r[u];
-                }
-            }
-            __syncthreads();
-#pragma unroll
-            for (int t = 0; t < 2; ++t) {
-                const int e = threadIdx.x + t * NT;
-                if (e < g * HD) {
-                    const int j = e / HD, i = e - j * HD;
-                    for (int sb = 0; sb < nb; ++sb) {
-                        const float* q = sp + sb * per + j * (HD + 2);
-                        const float ms = q[0];
-                        if (ms == -INFINITY) continue;
-                        const float mn = fmaxf(M[t], ms);
-                        const float c_old = expf(M[t] - mn), c_new = expf(ms - mn);
-                        den[t] = den[t] * c_old + q[1] * c_new;
-                        num[t] = num[t] * c_old + q[2 + i] * c_new;
-                        M[t] = mn;
-                    }
-                }
-            }
-            __syncthreads();
-        }
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-            const int e = threadIdx.x + t * NT;
-            if (e < g * HD) p.attn[(size_t)head * g * HD + e] = num[t] / den[t];
-        }
-        signal_ctr(p.ctr + ins[MK_F_AUX]);
-    }
-    __syncthreads();
-    return false;
+    signal_ctr(p.ctr + ins[MK_F_AUX]);
+    return 0;
 }

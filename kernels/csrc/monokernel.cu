@@ -155,15 +155,14 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
                 break;
             }
             case MK_OP_ATTN: {
-                const bool pend = p.head_dim == 64 ? op_attn<64>(p, ins, ii, step, pos, sm, sflag)
-                                                   : op_attn<128>(p, ins, ii, step, pos, sm, sflag);
+                const int r = p.head_dim == 64 ? op_attn<64>(p, ins, ii, step, pos, sm, sflag)
+                                               : op_attn<128>(p, ins, ii, step, pos, sm, sflag);
+                if (r < 0) return;   // aborted (watchdog) while waiting for the head's partials
 #if MK_CLUSTER
-                cl_pending = pend;
-#else
-                (void)pend;
+                cl_pending = r > 0;
 #endif
                 trace(p, step, ii, 2);
-                continue;   // ATTN signals through its ticket / combine
+                continue;   // ATTN signals after its slice of the merge
             }
             case MK_OP_OPROJ: {
                 load_vec(sv, p.attn, p.q_dim);

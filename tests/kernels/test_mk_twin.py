@@ -103,23 +103,38 @@ def test_cluster_schedule_refuses_what_the_kernel_cannot_run():
         schedule.build(schedule.Dims.of(tiny_cfg(**SHAPES["llama-mha-untied"])), n_sm=16, cluster=8)
 
 
-def test_cluster_oproj_waiting_for_one_split_fewer_is_caught():
-    """In a cluster schedule every split signals ATTN_DONE after merging its share of the head's outputs: an OPROJ
-    waiting for one signal fewer may read a head whose last share is not written yet."""
+@pytest.mark.parametrize("cluster", [0, 8], ids=["plain", "clusters-of-8"])
+def test_oproj_waiting_for_one_split_fewer_is_caught(cluster):
+    """Every split signals ATTN_DONE after merging its slice of the head's outputs (over L2 in the plain schedule,
+    over DSMEM in a cluster one): an OPROJ waiting for one signal fewer may read a head whose last slice is not
+    written yet."""
     cfg = tiny_cfg()
     model = tiny_model(cfg)
     k, v = _prefill(model, cfg, [1, 2, 3])
-    sched = schedule.build(schedule.Dims.of(cfg), n_sm=16, cluster=8)
+    sched = schedule.build(schedule.Dims.of(cfg), n_sm=16, cluster=cluster)
     schedule.check(sched)
     for lst in sched.per_sm:
         for i, ins in enumerate(lst):
             if ins[0] == isa.OPS["OPROJ"]:
-                assert ins[5] == cfg.n_kv_heads * 8
+                assert ins[5] == cfg.n_kv_heads * sched.n_splits
                 lst[i] = ins[:5] + (ins[5] - 1,) + ins[6:]
     twin = Twin(model, sched, rope_inv_freq(cfg))
     with pytest.raises(ScheduleError):
         for order in range(12):
             twin.run(k.clone(), v.clone(), 1, 3, 3, 3, order_seed=order, attn_min_pos=1)
+
+
+def test_plain_schedule_keeps_one_attention_split_per_sm_and_layer():
+    """A split with positions waits inside its ATTN for every split of its head, so two splits of one layer on an
+    SM could wait for each other across SMs: the schedule refuses more splits than SMs per kv head."""
+    dims = schedule.Dims.of(tiny_cfg())
+    for n_sm in (5, 16, 24):
+        sched = schedule.build(dims, n_sm=n_sm)
+        for lst in sched.per_sm:
+            layers = [ins[1] for ins in lst if ins[0] == isa.OPS["ATTN"]]
+            assert len(layers) == len(set(layers))
+    with pytest.raises(ValueError, match="at most one ATTN per SM"):
+        schedule.build(dims, n_sm=16, n_splits=16)
 
 
 def test_greedy_loop_equals_reference_and_order_does_not_matter(qwen_tiny):
