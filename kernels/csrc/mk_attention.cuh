@@ -86,24 +86,32 @@ MK_DEV int attn_cluster_combine(const MkParams& p, const int* ins, int ii, int s
 }
 #endif
 
-// Split `split` of S_eff merges its slice [e0, e1) of the head's g x HD outputs: per element, the S_eff partials
-// (written by the head's splits, published on its counter) in split order with the online-softmax rule, one thread
-// per element, the loads of MB splits in flight before their arithmetic.
+// Split `split` of S_eff merges its slice [e0, e1) of the head's g x HD outputs from the S_eff partials (written
+// by the head's splits, published on its counter) with the online-softmax rule. W lanes per element (a power of two,
+// as many as the slice leaves threads for, at most the splits' next power of two): lane s takes splits s, s + W, ...
+// in order, MB of them with their loads in flight at once, so at the usual split counts the merge costs one L2 round
+// trip; then a butterfly over the W lanes combines them.
 template <int HD>
 MK_DEV void attn_merge_slice(const MkParams& p, int head, int split, int S_eff) {
-    constexpr int MB = 4;
+    constexpr int MB = 2;
     const int g = p.group, E = g * HD, per = g * (HD + 2);
     const int e0 = (int)((long long)split * E / S_eff), e1 = (int)((long long)(split + 1) * E / S_eff);
+    int W = 1;
+    while (W < S_eff && W < 32 && 2 * W * (e1 - e0) <= NT) W <<= 1;
+    const int lw = 31 - __clz(W);   // log2 W
     const float* base = p.part + (size_t)head * p.n_splits * per;
-    for (int e = e0 + threadIdx.x; e < e1; e += NT) {
-        const int j = e / HD, i = e - j * HD;
+    const int n = (e1 - e0) << lw;   // (element, lane) pairs; the loop runs whole warps for the butterfly
+    for (int t = threadIdx.x; t < ((n + 31) & ~31); t += NT) {
+        const int ln = t & (W - 1), e = e0 + (t >> lw), j = e / HD, i = e - j * HD;
+        const bool live = t < n;
         float M = -INFINITY, den = 0.f, num = 0.f;
-        for (int s0 = 0; s0 < S_eff; s0 += MB) {   // batches of MB splits: 3 MB loads in flight
+        for (int s0 = ln; s0 < S_eff; s0 += MB * W) {   // batches of MB splits: 3 MB loads in flight
             float ms[MB], ls[MB], os[MB];
 #pragma unroll
             for (int u = 0; u < MB; ++u) {
-                const float* q = base + (size_t)(s0 + u) * per + j * (HD + 2);
-                const bool in = s0 + u < S_eff;
+                const int s = s0 + u * W;
+                const float* q = base + (size_t)s * per + j * (HD + 2);
+                const bool in = live && s < S_eff;
                 ms[u] = in ? mk_ld_cg(q) : -INFINITY;
                 ls[u] = in ? mk_ld_cg(q + 1) : 0.f;
                 os[u] = in ? mk_ld_cg(q + 2 + i) : 0.f;
@@ -118,7 +126,51 @@ MK_DEV void attn_merge_slice(const MkParams& p, int head, int split, int S_eff) 
                 M = mn;
             }
         }
-        p.attn[(size_t)head * E + e] = num / den;
+        float Mx = M;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1)
+            if (d < W) Mx = fmaxf(Mx, mk_shfl_xor(Mx, d));
+        const float f = M == -INFINITY ? 0.f : expf(M - Mx);
+        den *= f;
+        num *= f;
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1)
+            if (d < W) {
+                den += mk_shfl_xor(den, d);
+                num += mk_shfl_xor(num, d);
+            }
+        if (live && ln == 0) p.attn[(size_t)head * E + e] = num / den;
+    }
+}
+
+// The split's rotated, scaled q heads (attn_q_store) and, in the split holding position pos (append), this step's
+// K / V row rotated into the cache and into staged chunk 0: one flat list of (g + append) x HD elements over the
+// threads, so the append's loads go out with the q loads (threads without a q element take it).
+template <int HD>
+MK_DEV void attn_q_and_append(const MkParams& p, int head, int pos, int p0, int cap, mk_bf16* qh, mk_bf16* kc,
+                              mk_bf16* vc, mk_bf16* stk, mk_bf16* stv, bool append) {
+    constexpr int HALF = HD / 2;
+    const int nq = p.group * HD, nt = nq + (append ? HD : 0);
+    for (int t = threadIdx.x; t < nt; t += NT) {
+        const bool isq = t < nq;
+        const int i = isq ? t % HD : t - nq;
+        const float* src = isq ? p.qkv + (size_t)head * nq + t - i : p.qkv + p.q_dim + head * HD;
+        const float a = mk_ld_cg(src + i), b = mk_ld_cg(src + (i < HALF ? i + HALF : i - HALF));
+        const float v = isq ? 0.f : mk_ld_cg(p.qkv + p.q_dim + p.kv_dim + head * HD + i);
+        float s, c;
+        sincosf((float)pos * p.inv_freq[i % HALF], &s, &c);
+        const float r = i < HALF ? a * c - b * s : a * c + b * s;
+        if (isq) {
+            attn_q_store<HD>(qh, t / HD, i, r * p.attn_scale);
+            continue;
+        }
+        const mk_bf16 kb = mk_f2bf(r), vb = mk_f2bf(v);
+        kc[(size_t)pos * HD + i] = kb;
+        vc[(size_t)pos * HD + i] = vb;
+        if (pos - p0 < cap) {   // this step's row joins the staged chunk 0
+            stk[(size_t)(pos - p0) * (HD + MK_KPAD) + i] = kb;
+            stv[(size_t)(pos - p0) * HD + i] = vb;
+        }
     }
 }
 
@@ -134,7 +186,6 @@ MK_DEV void attn_merge_slice(const MkParams& p, int head, int split, int S_eff) 
 // aborted during the wait for the head's partials, else 0.
 template <int HD>
 MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos, float* sm, int* sflag) {
-    constexpr int HALF = HD / 2;
     const int layer = ins[MK_F_LAYER], head = ins[MK_F_A0], split = ins[MK_F_A1];
     const int g = p.group, S = p.n_splits;
     const int n = pos + 1;
@@ -150,30 +201,7 @@ MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos,
     mk_bf16* vc = p.v_cache + row0 * HD;
     mk_bf16* qh = (mk_bf16*)sm;                   // rotated, scaled q as hi / lo rows (attn_q_store)
     if (split < S_eff) {   // CTA-uniform: the barriers inside are safe
-        for (int e = threadIdx.x; e < g * HD; e += NT) {
-            const int j = e / HD, i = e - j * HD;
-            const float* q = p.qkv + (size_t)(head * g + j) * HD;
-            const float a = mk_ld_cg(q + i), b = mk_ld_cg(q + (i < HALF ? i + HALF : i - HALF));
-            float s, c;
-            sincosf((float)pos * p.inv_freq[i % HALF], &s, &c);
-            attn_q_store<HD>(qh, j, i, (i < HALF ? a * c - b * s : a * c + b * s) * p.attn_scale);
-        }
-        if (split == S_eff - 1) {
-            const float* k = p.qkv + p.q_dim + head * HD;
-            const float* v = p.qkv + p.q_dim + p.kv_dim + head * HD;
-            for (int i = threadIdx.x; i < HD; i += NT) {
-                const float a = mk_ld_cg(k + i), b = mk_ld_cg(k + (i < HALF ? i + HALF : i - HALF));
-                float s, c;
-                sincosf((float)pos * p.inv_freq[i % HALF], &s, &c);
-                const mk_bf16 kb = mk_f2bf(i < HALF ? a * c - b * s : a * c + b * s), vb = mk_f2bf(mk_ld_cg(v + i));
-                kc[(size_t)pos * HD + i] = kb;
-                vc[(size_t)pos * HD + i] = vb;
-                if (pos - p0 < cap) {   // this step's row joins the staged chunk 0
-                    stk[(size_t)(pos - p0) * (HD + MK_KPAD) + i] = kb;
-                    stv[(size_t)(pos - p0) * HD + i] = vb;
-                }
-            }
-        }
+        attn_q_and_append<HD>(p, head, pos, p0, cap, qh, kc, vc, stk, stv, split == S_eff - 1);
         mk_cp_async_wait_all();   // this thread's staged K/V rows; the barrier publishes everyone's
         __syncthreads();
         trace(p, step, ii, 4);   // rotated q (and this step's K/V) ready
