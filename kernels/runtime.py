@@ -16,7 +16,7 @@ import torch
 
 from . import isa
 from .build import build
-from .schedule import Dims, Schedule, build as build_schedule, mv_pipelined_model
+from .schedule import Dims, Schedule, attn_split_defaults, build as build_schedule, mv_pipelined_model
 
 log = logging.getLogger("kernels")
 
@@ -238,12 +238,10 @@ class Monokernel:
         self.prefetch_bytes = 0
         # Issue each matvec's first batch of weight loads before spinning on its inputs.
         self.early_loads = 1
-        # Attention splits hold at least this many positions (fewer, longer splits at short contexts: a
-        # cheaper combine); bench/decode.py sweeps it.
-        self.attn_min_pos = 64
-        # ... and at context n at most max(attn_min_splits, ceil(n / kv_stage_pos)) of them: one staged chunk per
-        # split, no more splits than that needs (0: no such bound); bench/NOTES.md session 13.
-        self.attn_min_splits = 8
+        # Attention splits hold at least attn_min_pos positions (fewer, longer splits at short contexts: a cheaper
+        # merge; bench/decode.py sweeps it), and at context n at most max(attn_min_splits, ceil(n / kv_stage_pos))
+        # of them: one staged chunk per split (0: no such bound). Per model: schedule.attn_split_defaults.
+        self.attn_min_pos, self.attn_min_splits = attn_split_defaults(self.dims, attn_cluster)
         # enable_trace(step) sets this: [n_sm, max_instr, TRACE_WORDS] int64 globaltimer stamps of one step.
         self.trace_buf: torch.Tensor | None = None
         self.trace_step = 0

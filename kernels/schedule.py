@@ -126,6 +126,23 @@ def attn_splits_in_use(n: int, n_splits: int, min_pos: int, min_splits: int, sta
     return max(1, s)
 
 
+# The attention's split rule (attn_split_defaults): about this many CTAs hold a step's positions.
+ATTN_CTAS = 64
+
+
+def attn_split_defaults(dm: Dims, cluster: int = 0) -> tuple[int, int]:
+    """(attn_min_pos, attn_min_splits) the runtime starts with (attn_splits_in_use). Each kv head's positions go to
+    up to max(8, ATTN_CTAS / n_kv) splits (at most 32), at least 16 positions each when that is more than 8 splits,
+    else 64. Measured with the slice merge (bench/NOTES.md, session 14, same process): 1.5B (2 kv heads) 1,274 ->
+    1,257 us/token at ctx 512 and 1,368 -> 1,323 at 2048 with 32 splits of >= 16 positions against 8 of >= 64;
+    Llama-1B (8 kv heads, 16 splits) 849 -> 865 at 512 with 16, so it keeps 8. A cluster launch has exactly
+    `cluster` splits per kv head, so it keeps the 64-position rule."""
+    share = min(32, max(8, ATTN_CTAS // dm.n_kv))
+    if cluster or share <= 8:
+        return 64, 8
+    return 16, share
+
+
 def items_per_row(k: int) -> int:
     """Matvec work items per output row: one item = 32 lanes x U 16-byte chunks (8 bf16 each). Counted with the
     pipelined build's U (MV_UNROLL_PIPE, the smaller one), so the bound holds for every library build."""
@@ -145,7 +162,8 @@ def _rows_per_instr(m: int, k: int, n_sm: int, mult: int) -> int:
 
 
 # ATTN splits per kv head whose SMs OPROJ leaves free when it can (oproj_rows): at contexts up to
-# KEEP_SPLITS x attn_min_pos (512 positions with the default 64) these splits hold every position.
+# KEEP_SPLITS x attn_min_pos (512 positions with 64, the rule of models with many kv heads) these splits hold every
+# position. Models with few kv heads use more splits (attn_split_defaults); their later splits share SMs with OPROJ.
 KEEP_SPLITS = 8
 
 

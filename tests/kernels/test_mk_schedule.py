@@ -172,3 +172,23 @@ def test_attention_splits_at_long_contexts():
     assert [schedule.attn_splits_in_use(n, 66, 64, 8, 128) for n in (64, 300, 512, 1024, 2048, 4096, 8192)] == \
         [1, 5, 8, 8, 16, 32, 64]
     assert [schedule.attn_splits_in_use(n, 66, 64, 0, 128) for n in (512, 1024, 2048)] == [8, 16, 32]
+
+
+@pytest.mark.parametrize("name,cluster,rule", [("qwen2.5-coder-1.5b", 0, (16, 32)), ("llama-3.2-1b", 0, (64, 8)),
+                                               ("qwen2.5-coder-0.5b", 8, (64, 8)), ("qwen2.5-coder-0.5b", 0, (16, 32))])
+def test_attention_split_defaults_per_model(name, cluster, rule):
+    # the measured winners (bench/NOTES.md, session 14): 2 kv heads take 32 splits of >= 16 positions, 8 kv heads
+    # keep 8 of >= 64; a cluster launch keeps the 64-position rule (its split count is the cluster size)
+    dims = schedule.Dims.of(preset(name))
+    assert schedule.attn_split_defaults(dims, cluster) == rule
+    min_pos, min_splits = rule
+    used = [schedule.attn_splits_in_use(n, 64, min_pos, min_splits, 128) for n in (100, 512, 2048)]
+    assert used == ([7, 32, 32] if min_pos == 16 else [2, 8, 16])
+
+
+def test_attention_split_defaults_bounds():
+    # one kv head (a tensor-parallel rank's share of 1.5B) stops at 32 splits; many kv heads never go below 8
+    one = schedule.Dims(d=768, n_layers=2, n_heads=6, n_kv=1, head_dim=128, ffn=1024, vocab=100, eps=1e-6)
+    many = schedule.Dims(d=1024, n_layers=2, n_heads=32, n_kv=32, head_dim=32, ffn=1024, vocab=100, eps=1e-6)
+    assert schedule.attn_split_defaults(one) == (16, 32)
+    assert schedule.attn_split_defaults(many) == (64, 8)
