@@ -228,9 +228,14 @@ class Monokernel:
         self.layout = dict(sm_vec=0, sm_red=vec, sm_out=vec + isa.SMEM_RED_FLOATS, sm_scr=0, sm_kv=self.sm_kv)
         self.running = False
         self.stream = None
-        log.info("monokernel: %d CTAs x %d threads, %d instructions/step, %d attention splits, %d B shared memory, "
-                 "%s matvec loop, %s MLP, %s", self.n_sm, isa.NTHREADS, len(ins), sc.n_splits, self.smem, self.mv_loop,
-                 "fused" if self.fused_mlp else "GATEUP + DOWN",
+        # Attention splits hold at least attn_min_pos positions (fewer, longer splits at short contexts: a cheaper
+        # merge; bench/decode.py sweeps it), and at context n at most max(attn_min_splits, ceil(n / kv_stage_pos))
+        # of them: one staged chunk per split (0: no such bound). Per model: schedule.attn_split_defaults.
+        self.attn_min_pos, self.attn_min_splits = attn_split_defaults(self.dims, attn_cluster)
+        log.info("monokernel: %d CTAs x %d threads, %d instructions/step, %d attention splits per kv head (in use: "
+                 ">= %d positions each, at most max(%d, one staged chunk each)), %d B shared memory, %s matvec loop, %s MLP, %s",
+                 self.n_sm, isa.NTHREADS, len(ins), sc.n_splits, self.attn_min_pos, self.attn_min_splits, self.smem,
+                 self.mv_loop, "fused" if self.fused_mlp else "GATEUP + DOWN",
                  f"attention combined in clusters of {self.attn_cluster}" if self.attn_cluster else "no clusters")
         # A wait longer than this (~1 s at H200 clocks) aborts the launch and reports the stuck counter.
         self.watchdog_cycles = 2_000_000_000
@@ -238,10 +243,6 @@ class Monokernel:
         self.prefetch_bytes = 0
         # Issue each matvec's first batch of weight loads before spinning on its inputs.
         self.early_loads = 1
-        # Attention splits hold at least attn_min_pos positions (fewer, longer splits at short contexts: a cheaper
-        # merge; bench/decode.py sweeps it), and at context n at most max(attn_min_splits, ceil(n / kv_stage_pos))
-        # of them: one staged chunk per split (0: no such bound). Per model: schedule.attn_split_defaults.
-        self.attn_min_pos, self.attn_min_splits = attn_split_defaults(self.dims, attn_cluster)
         # enable_trace(step) sets this: [n_sm, max_instr, TRACE_WORDS] int64 globaltimer stamps of one step.
         self.trace_buf: torch.Tensor | None = None
         self.trace_step = 0
