@@ -233,7 +233,8 @@ class Monokernel:
         # of them: one staged chunk per split (0: no such bound). Per model: schedule.attn_split_defaults.
         self.attn_min_pos, self.attn_min_splits = attn_split_defaults(self.dims, attn_cluster)
         log.info("monokernel: %d CTAs x %d threads, %d instructions/step, %d attention splits per kv head (in use: "
-                 ">= %d positions each, at most max(%d, one staged chunk each)), %d B shared memory, %s matvec loop, %s MLP, %s",
+                 ">= %d positions each, at most max(%d, one staged chunk each)), %d B shared memory, %s matvec loop, "
+                 "%s MLP, %s",
                  self.n_sm, isa.NTHREADS, len(ins), sc.n_splits, self.attn_min_pos, self.attn_min_splits, self.smem,
                  self.mv_loop, "fused" if self.fused_mlp else "GATEUP + DOWN",
                  f"attention combined in clusters of {self.attn_cluster}" if self.attn_cluster else "no clusters")
