@@ -137,6 +137,7 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
     row["fused_mlp"] = mk.fused_mlp
     row["attn_cluster"] = mk.attn_cluster
     row["mk_ctas"] = mk.n_sm
+    row["attn_split_rule"] = [mk.attn_min_pos, mk.attn_min_splits]   # schedule.attn_split_defaults
     if "attn_cluster_fallback" in mkb.stats:
         row["attn_cluster_fallback"] = mkb.stats["attn_cluster_fallback"]
     del mkb, mk
