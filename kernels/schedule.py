@@ -170,8 +170,8 @@ KEEP_SPLITS = 8
 def oproj_rows(dims: Dims, n_sm: int, n_splits: int, rows: int) -> int:
     """Rows per OPROJ instruction. The low ATTN splits hold the positions at short contexts (mk_attention.cuh:
     attn_splits) and each of them merges a slice of its head after the others, so an OPROJ on their SMs starts late
-    with its weights still on the way while the idle splits' SMs wait with theirs loaded. When the other SMs can take every
-    OPROJ row with at most a quarter more rows each, the rows are spread over them only."""
+    with its weights still on the way while the idle splits' SMs wait with theirs loaded. When the other SMs can take
+    every OPROJ row with at most a quarter more rows each, the rows are spread over them only."""
     free = n_sm - dims.n_kv * min(n_splits, KEEP_SPLITS)
     if free <= 0:
         return rows
