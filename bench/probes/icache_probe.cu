@@ -3,12 +3,13 @@
 // layer walks most of it once, so every stage may start on cold code while the weight stream keeps L2 (and DRAM)
 // busy; patch 62 cuts the code by ~30 %, 64 by ~40 %. This probe says what that can be worth.
 //
-// One CTA of 512 threads (16 warps, as the kernel) runs straight-line block A (NA dependent-free FMAs, ~16 B of code
-// each), then block B (NB FMAs, other code), three times in a `#pragma unroll 1` loop; thread 0 stamps clock64
-// around each block between CTA barriers. Pass 0 runs A cold; passes 1-2 run A again after B: warm if A and B fit
-// the caches together, cold again if B evicted A. With NB = 0, passes 1-2 are A warm. Meanwhile the other 131 CTAs
-// either idle or stream a 2 GB buffer with the kernel's weight loads (ld.global.nc.L1::no_allocate, 16 B), as the
-// monokernel's other SMs do; the stream also pushes the code out of L2, as the weight stream would. Each
+// One CTA of 512 threads (16 warps, as the kernel) runs straight-line block A (NA FMAs in 8 interleaved chains,
+// 16 B of code each), then block B (NB FMAs, other code), three times in a `#pragma unroll 1` loop; thread 0 stamps
+// clock64 around each block between CTA barriers. Pass 0 runs A cold; passes 1-2 run A again after B: warm if A and
+// B fit the caches together, cold again if B evicted A. With NB = 0, passes 1-2 are A warm. Meanwhile the other 131
+// CTAs (one per SM: each has 128 KB of dynamic shared memory) either idle or stream a 2 GB buffer with the kernel's
+// weight loads (ld.global.nc.L1::no_allocate, 16 B), as the monokernel's other SMs do; the stream also pushes the
+// code out of L2, as the weight stream would. Each
 // configuration is launched 5 times; the median launch is printed.
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I kernels/csrc bench/probes/icache_probe.cu \
@@ -86,10 +87,13 @@ struct Row {
 
 template <int NA, int NB>
 static Row run(const uint4* buf, size_t n16, int load, long long* d_out, int n_sm) {
+    // 128 KB of (unused) dynamic shared memory: one CTA per SM, so no streaming CTA shares the measured one's SM
+    constexpr int kSmem = 128 << 10;
+    cudaFuncSetAttribute(probe<NA, NB>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
     std::vector<std::vector<long long>> runs;
     for (int rep = 0; rep < 5; ++rep) {
         cudaMemset(d_out, 0, 8 * sizeof(long long));
-        probe<NA, NB><<<load ? n_sm : 1, 512>>>(d_out, 1.0001f, buf, n16, load);
+        probe<NA, NB><<<load ? n_sm : 1, 512, kSmem>>>(d_out, 1.0001f, buf, n16, load);
         cudaError_t e = cudaDeviceSynchronize();
         if (e != cudaSuccess) {
             fprintf(stderr, "launch failed: %s\n", cudaGetErrorString(e));
