@@ -9,8 +9,7 @@
 // B fit the caches together, cold again if B evicted A. With NB = 0, passes 1-2 are A warm. Meanwhile the other 131
 // CTAs (one per SM: each has 128 KB of dynamic shared memory) either idle or stream a 2 GB buffer with the kernel's
 // weight loads (ld.global.nc.L1::no_allocate, 16 B), as the monokernel's other SMs do; the stream also pushes the
-// code out of L2, as the weight stream would. Each
-// configuration is launched 5 times; the median launch is printed.
+// code out of L2, as the weight stream would. Each configuration is launched 5 times; the median launch is printed.
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I kernels/csrc bench/probes/icache_probe.cu \
 //        -o /tmp/icache_probe && /tmp/icache_probe
