@@ -57,9 +57,7 @@ for g in $(seq 0 $((NG - 1))); do
       v=${SETS[$i]}
       if [ "$v" = main ]; then run main "$ROOT" none "$g"; continue; fi
       name=v$(echo "$v" | tr -d ' ')
-      d=/tmp/$name; rm -rf "$d"; cp -r "$ROOT" "$d"
-      (cd "$d" && for p in $v; do git apply "bench/experiments/$p"-*.patch || exit 1; done) \
-        || { echo "patch failed" > "/tmp/sum_$name.txt"; continue; }
+      d=$(copy "$v") || { echo "patch failed" > "/tmp/sum_$name.txt"; continue; }
       run "$name" "$d" "${VTESTS:-tests/gpu/test_monokernel.py}" "$g"
     done
   ) &
