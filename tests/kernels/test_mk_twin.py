@@ -108,20 +108,14 @@ def test_oproj_waiting_for_one_split_fewer_is_caught(cluster):
     """Every split signals ATTN_DONE after merging its slice of the head's outputs (over L2 in the plain schedule,
     over DSMEM in a cluster one): an OPROJ waiting for one signal fewer may read a head whose last slice is not
     written yet."""
-    cfg = tiny_cfg()
-    model = tiny_model(cfg)
-    k, v = _prefill(model, cfg, [1, 2, 3])
-    sched = schedule.build(schedule.Dims.of(cfg), n_sm=16, cluster=cluster)
-    schedule.check(sched)
-    for lst in sched.per_sm:
-        for i, ins in enumerate(lst):
-            if ins[0] == isa.OPS["OPROJ"]:
-                assert ins[5] == cfg.n_kv_heads * sched.n_splits
-                lst[i] = ins[:5] + (ins[5] - 1,) + ins[6:]
-    twin = Twin(model, sched, rope_inv_freq(cfg))
-    with pytest.raises(ScheduleError):
-        for order in range(12):
-            twin.run(k.clone(), v.clone(), 1, 3, 3, 3, order_seed=order, attn_min_pos=1)
+    n_kv = tiny_cfg().n_kv_heads
+
+    def one_fewer(ins, sched):
+        if ins[0] != isa.OPS["OPROJ"]:
+            return None
+        assert ins[5] == n_kv * sched.n_splits
+        return ins[:5] + (ins[5] - 1,) + ins[6:]
+    _assert_weakened_wait_caught(False, one_fewer, 12, n_sm=16, cluster=cluster, attn_min_pos=1)
 
 
 def test_plain_schedule_keeps_one_attention_split_per_sm_and_layer():
@@ -176,26 +170,27 @@ def test_stop_id_and_cancel(qwen_tiny):
     assert c.finish == "cancelled" and c.tokens == free.tokens[:3]
 
 
-def _assert_weakened_wait_caught(fused_mlp: bool, weaken, orders: int) -> None:
-    """Tiny model, 8 SMs: weaken(ins) -> the instruction with a weaker wait, or None to keep it; some SM order among
-    `orders` must make the twin's tags raise."""
+def _assert_weakened_wait_caught(fused_mlp: bool, weaken, orders: int, n_sm: int = 8, cluster: int = 0,
+                                 **run_kw) -> None:
+    """Tiny model on n_sm SMs: weaken(ins, sched) -> the instruction with a weaker wait, or None to keep it; some
+    SM order among `orders` must make the twin's tags raise (run_kw: more Twin.run arguments)."""
     cfg = tiny_cfg()
     model = tiny_model(cfg)
     k, v = _prefill(model, cfg, [1, 2, 3])
-    sched = schedule.build(schedule.Dims.of(cfg), n_sm=8, fused_mlp=fused_mlp)
+    sched = schedule.build(schedule.Dims.of(cfg), n_sm=n_sm, fused_mlp=fused_mlp, cluster=cluster)
     schedule.check(sched)
     for lst in sched.per_sm:
         for i, ins in enumerate(lst):
-            lst[i] = weaken(ins) or ins
+            lst[i] = weaken(ins, sched) or ins
     twin = Twin(model, sched, rope_inv_freq(cfg))
     with pytest.raises(ScheduleError):
         for order in range(orders):
-            twin.run(k.clone(), v.clone(), 1, 3, 3, 3, order_seed=order)
+            twin.run(k.clone(), v.clone(), 1, 3, 3, 3, order_seed=order, **run_kw)
 
 
 def test_weakened_wait_is_caught():
     """Lower one OPROJ wait so it may run before attention is combined: the tags must notice."""
-    _assert_weakened_wait_caught(False, lambda ins: ins[:4] + (isa.counter_index(ins[1], isa.CTR_QKV), 1) + ins[6:]
+    _assert_weakened_wait_caught(False, lambda ins, _: ins[:4] + (isa.counter_index(ins[1], isa.CTR_QKV), 1) + ins[6:]
                                  if ins[0] == isa.OPS["OPROJ"] else None, 6)
 
 
@@ -233,7 +228,7 @@ def test_fused_mlp_residual_waits_are_caught():
     still missing a partial, and an MLP that does not wait for every OPROJ adds into a layer's output that OPROJ
     has not zeroed yet; the twin's accumulator tags must notice both, in some SM order."""
     for target in ("QKV", "MLP"):
-        _assert_weakened_wait_caught(True, lambda ins: ins[:5] + (ins[5] - 1,) + ins[6:]
+        _assert_weakened_wait_caught(True, lambda ins, _: ins[:5] + (ins[5] - 1,) + ins[6:]
                                      if ins[0] == isa.OPS[target] and ins[1] == 1 else None, 12)
 
 
