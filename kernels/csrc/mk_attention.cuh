@@ -47,6 +47,25 @@ MK_DEV void attn_prefetch(const MkParams& p, const int* ins, int pos, float* sm)
                    rows);
 }
 
+// W consecutive lanes (W a power of two <= 32, groups aligned in the warp) each hold an online-softmax state over
+// their splits (max M, denominator den, weighted sum num; M = -inf: none): butterflies over the group leave every
+// lane with the group's den and num at the group's max.
+MK_DEV void attn_lanes_combine(float M, float& den, float& num, int W) {
+    float Mx = M;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1)
+        if (d < W) Mx = fmaxf(Mx, mk_shfl_xor(Mx, d));
+    const float f = M == -INFINITY ? 0.f : expf(M - Mx);
+    den *= f;
+    num *= f;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1)
+        if (d < W) {
+            den += mk_shfl_xor(den, d);
+            num += mk_shfl_xor(num, d);
+        }
+}
+
 #if MK_CLUSTER
 // Cluster attention (schedule.build(cluster=NR)): a kv head's NR splits are ranks 0 .. NR - 1 of one cluster and
 // each keeps its partial (per q head: max, denominator, HD weighted sums) in its CTA's partial-sum region. After a
@@ -70,14 +89,8 @@ MK_DEV int attn_cluster_combine(const MkParams& p, const int* ins, int ii, int s
             l = mk_ld_cluster(mk_cluster_addr(rec + 1, s));
             o = mk_ld_cluster(mk_cluster_addr(rec + 2 + i, s));
         }
-        float M = m;
-        for (int d = 1; d < NR; d <<= 1) M = fmaxf(M, mk_shfl_xor(M, d));
-        const float f = m == -INFINITY ? 0.f : expf(m - M);
-        float den = f * l, num = f * o;
-        for (int d = 1; d < NR; d <<= 1) {
-            den += mk_shfl_xor(den, d);
-            num += mk_shfl_xor(num, d);
-        }
+        float den = l, num = o;
+        attn_lanes_combine(m, den, num, NR);
         if (s == 0) p.attn[(size_t)head * E + e] = num / den;
     }
     mk_cluster_arrive();   // done reading the peers; the wait comes before this CTA next writes its region
@@ -126,19 +139,7 @@ MK_DEV void attn_merge_slice(const MkParams& p, int head, int split, int S_eff) 
                 M = mn;
             }
         }
-        float Mx = M;
-#pragma unroll
-        for (int d = 1; d < 32; d <<= 1)
-            if (d < W) Mx = fmaxf(Mx, mk_shfl_xor(Mx, d));
-        const float f = M == -INFINITY ? 0.f : expf(M - Mx);
-        den *= f;
-        num *= f;
-#pragma unroll
-        for (int d = 1; d < 32; d <<= 1)
-            if (d < W) {
-                den += mk_shfl_xor(den, d);
-                num += mk_shfl_xor(num, d);
-            }
+        attn_lanes_combine(M, den, num, W);
         if (live && ln == 0) p.attn[(size_t)head * E + e] = num / den;
     }
 }
