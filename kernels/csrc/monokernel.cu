@@ -122,7 +122,10 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             case MK_OP_QKV: m.base = Lw.wqkv; R = a1; K = p.d; break;
             case MK_OP_OPROJ: m.base = Lw.wo; R = a1; K = p.q_dim; break;
             case MK_OP_GATEUP:
-            case MK_OP_MLP: m.base = Lw.wgu; m.off2 = p.ffn; R = 2 * a1; K = p.d; break;
+#if !MK_TP && !MK_MV_PIPE   // the fused MLP exists in the one-set one-GPU builds only
+            case MK_OP_MLP:
+#endif
+                m.base = Lw.wgu; m.off2 = p.ffn; R = 2 * a1; K = p.d; break;
             case MK_OP_DOWN: m.base = Lw.wd; R = a1; K = p.ffn; break;
             case MK_OP_LMHEAD: m.base = p.lm_head; R = a1; K = p.d; break;
             default: break;
@@ -145,16 +148,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             }
 #endif
             trace(p, step, ii, 1);
-            switch (op) {
-            case MK_OP_QKV: {
-                const float rs = xr_norm(p, sv, Lw.ln1, op, layer, scr);
-                trace(p, step, ii, 3);
-                matvec(m, R, K, sv, red, out, w, cb, pre);
-                for (int r = threadIdx.x; r < a1; r += NT)
-                    p.qkv[a0 + r] = out[r] * rs + (Lw.bqkv ? Lw.bqkv[a0 + r] : 0.f);
-                break;
-            }
-            case MK_OP_ATTN: {
+            if (op == MK_OP_ATTN) {
                 const int r = p.head_dim == 64 ? op_attn<64>(p, ins, ii, step, pos, sm, sflag)
                                                : op_attn<128>(p, ins, ii, step, pos, sm, sflag);
                 if (r < 0) return;   // aborted (watchdog) while waiting for the head's partials
@@ -164,59 +158,52 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
                 trace(p, step, ii, 2);
                 continue;   // ATTN signals after its slice of the merge
             }
-            case MK_OP_OPROJ: {
-                load_vec(sv, p.attn, p.q_dim);
-                __syncthreads();
-                trace(p, step, ii, 3);
-                matvec(m, R, K, sv, red, out, w, cb, pre);
-                xr_residual(p, op, layer, a0, a1, out);
-                break;
-            }
-            case MK_OP_GATEUP: {
-                const float rs = xr_norm(p, sv, Lw.ln2, op, layer, scr);
-                trace(p, step, ii, 3);
-                matvec(m, R, K, sv, red, out, w, cb, pre);
-                for (int r = threadIdx.x; r < a1; r += NT) {
-                    const float gt = out[r] * rs;
-                    p.h[a0 + r] = gt / (1.f + expf(-gt)) * (out[a1 + r] * rs);
+            if (op == MK_OP_SAMPLE) op_sample(p, step, sm, scr, sflag);
+            if (R > 0) {
+                // One copy of each part for every matvec op (the code is inlined once: a smaller kernel): the input
+                // vector (a norm of x, or attn / h as they are), the matvec, then the op's epilogue.
+                float rs = 1.f;   // the RMS factor norm_vec_scale leaves to the outputs
+                if (op == MK_OP_OPROJ || op == MK_OP_DOWN) {
+                    load_vec(sv, op == MK_OP_OPROJ ? p.attn : p.h, op == MK_OP_OPROJ ? p.q_dim : p.ffn);
+                    __syncthreads();
+                } else {
+                    rs = xr_norm(p, sv, op == MK_OP_QKV ? Lw.ln1 : op == MK_OP_LMHEAD ? p.final_norm : Lw.ln2, op,
+                                 layer, scr);
                 }
-                break;
-            }
-#if !MK_TP && !MK_MV_PIPE
-            case MK_OP_MLP: {
-                const float rs = xr_norm(p, sv, Lw.ln2, op, layer, scr);
                 trace(p, step, ii, 3);
                 matvec(m, R, K, sv, red, out, w, cb, pre);
-                trace(p, step, ii, 4);
-                mlp_down(p, Lw.wdt, a0, a1, rs, out, red, step, ii);
-                break;
-            }
-#endif
-            case MK_OP_DOWN: {
-                load_vec(sv, p.h, p.ffn);
-                __syncthreads();
-                trace(p, step, ii, 3);
-                matvec(m, R, K, sv, red, out, w, cb, pre);
-                xr_residual(p, op, layer, a0, a1, out);
-                break;
-            }
-            case MK_OP_LMHEAD: {
-                xr_norm(p, sv, p.final_norm, op, layer, scr);   // returns 1 at the LM head
-                trace(p, step, ii, 3);
-                matvec(m, R, K, sv, red, out, w, cb, pre);
-                if (p.logits_out)
+                switch (op) {
+                case MK_OP_QKV:
                     for (int r = threadIdx.x; r < a1; r += NT)
-                        p.logits_out[(size_t)step * p.vocab + p.vocab_off + a0 + r] = out[r];
-                lm_record(p, out, a1, p.vocab_off + a0, step,
-                          p.lmrec + (size_t)(p.rec_off + ins[MK_F_AUX]) * MK_REC_WORDS, scr);
-                xr_push_record(p, ins[MK_F_AUX]);
-                break;
-            }
-            case MK_OP_SAMPLE:
-                op_sample(p, step, sm, scr, sflag);
-                break;
-            default:
-                break;
+                        p.qkv[a0 + r] = out[r] * rs + (Lw.bqkv ? Lw.bqkv[a0 + r] : 0.f);
+                    break;
+                case MK_OP_GATEUP:
+                    for (int r = threadIdx.x; r < a1; r += NT) {
+                        const float gt = out[r] * rs;
+                        p.h[a0 + r] = gt / (1.f + expf(-gt)) * (out[a1 + r] * rs);
+                    }
+                    break;
+#if !MK_TP && !MK_MV_PIPE
+                case MK_OP_MLP:
+                    trace(p, step, ii, 4);
+                    mlp_down(p, Lw.wdt, a0, a1, rs, out, red, step, ii);
+                    break;
+#endif
+                case MK_OP_OPROJ:
+                case MK_OP_DOWN:
+                    xr_residual(p, op, layer, a0, a1, out);
+                    break;
+                case MK_OP_LMHEAD:
+                    if (p.logits_out)
+                        for (int r = threadIdx.x; r < a1; r += NT)
+                            p.logits_out[(size_t)step * p.vocab + p.vocab_off + a0 + r] = out[r];
+                    lm_record(p, out, a1, p.vocab_off + a0, step,
+                              p.lmrec + (size_t)(p.rec_off + ins[MK_F_AUX]) * MK_REC_WORDS, scr);
+                    xr_push_record(p, ins[MK_F_AUX]);
+                    break;
+                default:
+                    break;
+                }
             }
             xr_signal(p, op, layer, ins[MK_F_SIG_CTR]);
             trace(p, step, ii, 2);
