@@ -12,7 +12,7 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem,power.draw --form
 t0=$(date +%s)
 python3 -m kernels.build > "$OUT/build.log" 2>&1 || { cat "$OUT/build.log"; exit 1; }
 grep -E "registers|spill|built" "$OUT/build.log"
-LIB=$(python3 -c "from kernels.build import cache_root, source_hash; print(cache_root() / source_hash() / 'libmonokernel.so')")
+LIB=$(python3 -c "from kernels.build import cache_root, source_hash; print(cache_root() / source_hash(head_dim=64) / 'libmonokernel.so')")
 cuobjdump -sass "$LIB" > "$OUT/sass.txt" 2>&1 && \
   echo "SASS: LDG.E.128 $(grep -c 'LDG.E.128' "$OUT/sass.txt")  local LDL/STL $(grep -cE 'LDL|STL' "$OUT/sass.txt")  bulk-prefetch $(grep -c 'UBLKPF' "$OUT/sass.txt")"
 echo "build+sass $(( $(date +%s) - t0 )) s"

@@ -35,15 +35,16 @@ class MkParams(ctypes.Structure):
     _fields_ = [(n, _ctype(k)) for n, k in isa.PARAM_FIELDS]
 
 
-_LIBS: dict[tuple[bool, bool, bool], ctypes.CDLL] = {}   # (tp, pipe, cluster)
+_LIBS: dict[tuple[bool, bool, bool, int], ctypes.CDLL] = {}   # (tp, pipe, cluster, head_dim)
 
 
-def load_library(tp: bool = False, pipe: bool = False, cluster: bool = False) -> ctypes.CDLL:
+def load_library(tp: bool = False, pipe: bool = False, cluster: bool = False, head_dim: int = 0) -> ctypes.CDLL:
     """The one-GPU build (pipe: with the pipelined matvec loop; cluster: with the attention combined inside
-    thread-block clusters), or with tp the tensor-parallel one (kernels/build.py)."""
-    key = (tp, pipe, cluster)
+    thread-block clusters), or with tp the tensor-parallel one, for one attention head size (0: both)
+    (kernels/build.py)."""
+    key = (tp, pipe, cluster, head_dim)
     if key not in _LIBS:
-        lib = ctypes.CDLL(str(build(tp=tp, pipe=pipe, cluster=cluster)))
+        lib = ctypes.CDLL(str(build(tp=tp, pipe=pipe, cluster=cluster, head_dim=head_dim)))
         lib.mk_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         lib.mk_start.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         lib.mk_host_alloc.argtypes = [ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
@@ -125,7 +126,7 @@ class Monokernel:
         pipe = not tp_build and (mv_loop == "pipelined" or
                                  (mv_loop == "auto" and mv_pipelined_model(Dims.of(model.cfg))))
         self.mv_loop = "pipelined" if pipe else "one-set"
-        self.lib = lib = load_library(tp_build, pipe, attn_cluster > 0)
+        self.lib = lib = load_library(tp_build, pipe, attn_cluster > 0, model.cfg.head_dim)
         self.model, self.cfg = model, model.cfg
         dev = model.device
         self.device = dev

@@ -96,7 +96,7 @@ class TPMonokernel:
                                      "peer-mapped by cudaDeviceEnablePeerAccess; unset it for tensor parallelism")
         self.dev_idx = idx
         self.devices = [torch.device("cuda", i) for i in idx]
-        self.lib = lib = load_library(tp=True)
+        self.lib = lib = load_library(tp=True, head_dim=model.cfg.head_dim)
         for a in idx:
             for b in idx:
                 if a != b and not torch.cuda.can_device_access_peer(a, b):

@@ -94,10 +94,7 @@ class MonokernelBackend(Backend):
             return False, f"built for sm_90a (Hopper); this GPU is {major}.{minor}"
         from kernels import isa
         from kernels.build import cache_root, find_nvcc, source_hash
-        from kernels.schedule import Dims, mv_pipelined_model
-        pipe = mv_pipelined_model(Dims.of(config))
-        if find_nvcc() is None and not (cache_root() / source_hash(pipe=pipe) / "libmonokernel.so").exists():
-            return False, "nvcc not found and no cached kernel build"
+        from kernels.schedule import Dims, attn_cluster_model, mv_pipelined_model
         if config.arch not in ("llama", "qwen2"):
             return False, f"architecture {config.arch} not supported"
         if config.head_dim not in (64, 128):
@@ -108,6 +105,11 @@ class MonokernelBackend(Backend):
             return False, "o_proj / MLP biases are not implemented in the kernel"
         if config.hidden_size % 8 or config.intermediate_size % 8:
             return False, "hidden and intermediate sizes must be multiples of 8"
+        dims = Dims.of(config)
+        lib = source_hash(pipe=mv_pipelined_model(dims), cluster=attn_cluster_model(dims) > 0,
+                          head_dim=config.head_dim)
+        if find_nvcc() is None and not (cache_root() / lib / "libmonokernel.so").exists():
+            return False, "nvcc not found and no cached kernel build"
         return True, "ok"
 
     def __init__(self, model, cache, tp: int = 1, tp_mode: str = "exact", max_steps: int = 4096):

@@ -25,6 +25,14 @@
 #if MK_CLUSTER && MK_TP
 #error "the tensor-parallel build has no cluster attention"
 #endif
+#ifndef MK_HEAD_DIM
+#define MK_HEAD_DIM 0   // 64 or 128: the one attention head size this build runs (kernels/build.py); 0: both
+#endif
+#if MK_HEAD_DIM != 0 && MK_HEAD_DIM != 64 && MK_HEAD_DIM != 128
+#error "MK_HEAD_DIM must be 0, 64 or 128"
+#endif
+// Whether this launch runs the head_dim-64 attention path (a build for one head size drops the other path's code).
+#define MK_HD64(p) (MK_HEAD_DIM == 64 || (MK_HEAD_DIM == 0 && (p).head_dim == 64))
 #if MK_MV_PIPE
 #define U MK_MV_UNROLL_PIPE
 #else
@@ -136,7 +144,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             if (pre) mv_load(m, R, K, threadIdx.x >> 5, w, cb);   // in flight while we wait
             if (p.prefetch_bytes > 0) prefetch_instr(p, ins);
             if (op == MK_OP_ATTN) {   // cached K/V rows in flight while we wait, like a matvec's weights
-                if (p.head_dim == 64) attn_prefetch<64>(p, ins, pos, sm);
+                if (MK_HD64(p)) attn_prefetch<64>(p, ins, pos, sm);
                 else attn_prefetch<128>(p, ins, pos, sm);
             }
             trace(p, step, ii, 0);
@@ -149,7 +157,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
 #endif
             trace(p, step, ii, 1);
             if (op == MK_OP_ATTN) {
-                const int r = p.head_dim == 64 ? op_attn<64>(p, ins, ii, step, pos, sm, sflag)
+                const int r = MK_HD64(p) ? op_attn<64>(p, ins, ii, step, pos, sm, sflag)
                                                : op_attn<128>(p, ins, ii, step, pos, sm, sflag);
                 if (r < 0) return;   // aborted (watchdog) while waiting for the head's partials
 #if MK_CLUSTER
@@ -279,6 +287,7 @@ int mk_start(const MkParams* p, int grid, int smem, void* stream) {
     if (e != cudaSuccess) return (int)e;
     MkParams local = *p;
     if ((p->attn_cluster > 0) != (MK_CLUSTER != 0)) return (int)cudaErrorInvalidValue;   // library / launch mismatch
+    if (MK_HEAD_DIM != 0 && p->head_dim != MK_HEAD_DIM) return (int)cudaErrorInvalidValue;   // another head size
     if (p->attn_cluster > 0) {
         // Clusters of attn_cluster CTAs. Not a cooperative launch: the host checked with mk_max_clusters that the
         // whole grid is resident at once, which the spin waits need.

@@ -8,10 +8,18 @@ from kernels import build
 
 
 def test_every_variant_has_its_own_cache_entry():
-    keys = [(False, False, False), (False, True, False), (True, False, False), (False, False, True),
-            (False, True, True)]   # (tp, pipelined loop, cluster attention)
+    keys = [(tp, pipe, cl, hd) for tp, pipe, cl in ((False, False, False), (False, True, False), (True, False, False),
+                                                     (False, False, True), (False, True, True))
+            for hd in (0, 64, 128)]   # (tp, pipelined loop, cluster attention, head size: 0 = both)
     assert len({build.source_hash(*k) for k in keys}) == len(keys)
-    assert build.source_hash() == build.source_hash(False, False, False)
+    assert build.source_hash() == build.source_hash(False, False, False, 0)
+
+
+def test_a_build_holds_one_attention_head_size():
+    assert "-DMK_HEAD_DIM=64" in build.variant_flags(False, head_dim=64)
+    assert "-DMK_HEAD_DIM=0" in build.variant_flags(False)
+    with pytest.raises(ValueError, match="64 and 128"):
+        build.variant_flags(False, head_dim=96)
 
 
 def test_flags_name_the_loop_and_refuse_what_cannot_build():
@@ -26,14 +34,16 @@ def test_flags_name_the_loop_and_refuse_what_cannot_build():
 
 
 @pytest.mark.skipif(build.find_nvcc() is None, reason="needs nvcc (preprocessor only, no GPU)")
-@pytest.mark.parametrize("tp,pipe,cl,why", [(0, 0, 0, ""), (0, 1, 0, ""), (1, 0, 0, ""), (0, 0, 1, ""), (0, 1, 1, ""),
-                                             (1, 1, 0, "one-set loop only"), (1, 0, 1, "no cluster attention")])
-def test_the_source_refuses_what_the_tensor_parallel_build_cannot_hold(tmp_path, tp, pipe, cl, why):
+@pytest.mark.parametrize("tp,pipe,cl,hd,why", [(0, 0, 0, 0, ""), (0, 1, 0, 128, ""), (1, 0, 0, 64, ""),
+                                                (0, 0, 1, 64, ""), (0, 1, 1, 0, ""),
+                                                (1, 1, 0, 0, "one-set loop only"), (1, 0, 1, 0, "no cluster attention"),
+                                                (0, 0, 0, 96, "MK_HEAD_DIM must be 0, 64 or 128")])
+def test_the_source_refuses_what_the_tensor_parallel_build_cannot_hold(tmp_path, tp, pipe, cl, hd, why):
     from kernels import isa
     (tmp_path / "mk_isa.h").write_text(isa.render_header())
     res = subprocess.run([build.find_nvcc(), "-E", "-std=c++17", f"-DMK_TP={tp}", f"-DMK_MV_PIPE={pipe}",
-                          f"-DMK_CLUSTER={cl}", f"-I{tmp_path}", f"-I{build.CSRC}", str(build.CSRC / "monokernel.cu"),
-                          "-o", "/dev/null"], capture_output=True, text=True)
+                          f"-DMK_CLUSTER={cl}", f"-DMK_HEAD_DIM={hd}", f"-I{tmp_path}", f"-I{build.CSRC}",
+                          str(build.CSRC / "monokernel.cu"), "-o", "/dev/null"], capture_output=True, text=True)
     assert (res.returncode == 0) == (not why), res.stderr[-2000:]
     if why:
         assert why in res.stderr
