@@ -1,22 +1,24 @@
-"""Tensor-parallel monokernel in delayed mode (Laneformer lanes, GPU l runs lane l) on 2 GPUs with random lane
-weights: teacher-forced logits vs the fp32 engine/lanes reference (the truth) at every step, tokens equal on both
-ranks (the LM head is exchanged), the lanes' residual streams bit-identical exactly where the reference makes them
-equal (every layer PRESENT) and different otherwise, bit-identical reruns, and the exchange wait (kernel-measured,
-peer waits only). Qwen2.5-Coder-1.5B-sized lanes for the main test. Skips cleanly without two sm_90 GPUs.
+"""Tensor-parallel monokernel in delayed mode (Laneformer lanes, GPU l runs lane l) on KOG_TEST_TP GPUs (default 2)
+with random lane weights: teacher-forced logits vs the fp32 engine/lanes reference (the truth) at every step, tokens
+equal on all ranks (the LM head is exchanged), the lanes' residual streams bit-identical exactly where the reference
+makes them equal (every layer PRESENT) and different otherwise, bit-identical reruns, and the exchange wait
+(kernel-measured, peer waits only). The main test's lanes are Qwen2.5-Coder-1.5B-sized, or Llama-3.2-1B-sized where
+the lane count does not divide the 1.5B's 2 KV heads (4 or 8 lanes); the small tests' shape is widened for 8 lanes
+(tp_gpus.small_lane_shape). Skips cleanly without KOG_TEST_TP sm_90 GPUs.
 
-Device run: NCCL_NVLS_ENABLE=0 python3 -m pytest -q -s tests/gpu/test_tp_delayed.py"""
+Device run: NCCL_NVLS_ENABLE=0 python3 -m pytest -q -s tests/gpu/test_tp_delayed.py
+(4 ranks: KOG_TEST_TP=4 NCCL_NVLS_ENABLE=0 python3 -m pytest -q -s tests/gpu/test_tp_delayed.py)"""
 from __future__ import annotations
 
 import time
 
 import pytest
 import torch
+from tp_gpus import DEVS, TP, big_lane_preset, needs_tp_gpus, small_lane_shape  # tests/gpu is on sys.path
 
-N_GPU = torch.cuda.device_count() if torch.cuda.is_available() else 0
-hopper = N_GPU >= 2 and all(torch.cuda.get_device_capability(i) == (9, 0) for i in range(2))
-pytestmark = pytest.mark.skipif(not hopper, reason="needs 2 sm_90 (Hopper) CUDA GPUs")
+pytestmark = needs_tp_gpus
 
-D0, D1 = torch.device("cuda:0"), torch.device("cuda:1")
+D0 = DEVS[0]
 
 
 def rel(a, b):
@@ -25,14 +27,15 @@ def rel(a, b):
 
 class LaneSetup:
     """A random bf16 lane model on cuda:0, its fp32 reference (same values), a reference prefill of P tokens, the
-    bf16 kernel cache holding it (other positions NaN) and a delayed-mode TPMonokernel on cuda:0 and cuda:1."""
+    bf16 kernel cache holding it (other positions NaN) and a delayed-mode TPMonokernel on cuda:0 .. TP-1."""
 
     def __init__(self, dense_cfg, P: int, n: int, ml: int, seed: int = 0, **lane_kw):
         from engine.lanes import LaneModel
         from kernels.testing import lane_config_like, random_lane_weights_on
         from kernels.tp_local import lane_cache
         from kernels.tp_runtime import TPMonokernel
-        self.cfg = cfg = lane_config_like(dense_cfg, 2, **lane_kw)
+        self.name = dense_cfg.name
+        self.cfg = cfg = lane_config_like(dense_cfg, TP, **lane_kw)
         w16 = random_lane_weights_on(cfg, device="cuda:0", seed=seed)
         self.m16 = LaneModel(cfg, w16)
         self.m32 = LaneModel(cfg, {k: v.float() for k, v in w16.items()})
@@ -46,7 +49,7 @@ class LaneSetup:
         self.v16 = torch.cat([v for _, v in parts], dim=2)
         self.ref = torch.stack([self.m32([t], cache)[0] for t in self.ids[P:P + n]])
         t0 = time.perf_counter()
-        self.tp = TPMonokernel(self.m16, [D0, D1], max_len=ml, slots=1, max_steps=max(n, 16) + 1, mode="delayed")
+        self.tp = TPMonokernel(self.m16, DEVS, max_len=ml, slots=1, max_steps=max(n, 16) + 1, mode="delayed")
         print(f"\n{self.tp.lanes.describe()}; built in {time.perf_counter() - t0:.1f} s")
 
     def run(self):
@@ -76,10 +79,9 @@ SMALL_CASES = {
 
 @pytest.mark.parametrize("case", list(SMALL_CASES))
 def test_small_lane_shape(case):
-    """First and fast: a 4-layer shape (tests/gpu/shapes.py 'llama' sizes) for 8 teacher-forced steps per reduce-mode
-    rule, so a broken rule shows up in seconds with per-step errors."""
-    from shapes import SHAPES as SMALL   # tests/gpu is on sys.path under pytest (rootdir conftest)
-    s = LaneSetup(SMALL["llama"], P=16, n=8, ml=64, seed=3, **SMALL_CASES[case])
+    """First and fast: a 4-layer shape (tests/gpu/shapes.py 'llama' sizes, widened for 8 lanes) for 8 teacher-forced
+    steps per reduce-mode rule, so a broken rule shows up in seconds with per-step errors."""
+    s = LaneSetup(small_lane_shape(TP), P=16, n=8, ml=64, seed=3, **SMALL_CASES[case])
     toks, out = s.run()
     errs = [rel(out[j], s.ref[j]) for j in range(s.n)]
     print(f"{case}: per-step rel L2 {['%.1e' % e for e in errs]}; exchange wait {s.tp.exchange_wait_us()}")
@@ -95,30 +97,33 @@ _big: list[LaneSetup] = []
 def big() -> LaneSetup:
     if not _big:
         from engine.config import preset
-        _big.append(LaneSetup(preset("qwen2.5-coder-1.5b"), P=32, n=64, ml=512, seed=0, broadcast_delay=2))
+        name = big_lane_preset(TP, broadcast_delay=2)
+        print(f"\n{TP} lanes of {name}")
+        _big.append(LaneSetup(preset(name), P=32, n=64, ml=512, seed=0, broadcast_delay=2))
     return _big[0]
 
 
-def test_qwen_1p5b_lanes_teacher_forced_match_fp32_reference():
+def test_big_lanes_teacher_forced_match_fp32_reference():
     s = big()
     t0 = time.perf_counter()
     toks, out = s.run()
     dt = time.perf_counter() - t0
     errs = [rel(out[j], s.ref[j]) for j in range(s.n)]
-    print(f"delayed tp=2 1.5B lanes: rel L2 max {max(errs):.2e} mean {sum(errs) / len(errs):.2e} ({s.n} steps, "
-          f"{dt * 1e3:.1f} ms incl. launch); exchange wait {s.tp.exchange_wait_us()}")
+    print(f"delayed tp={TP} {s.name} lanes: rel L2 max {max(errs):.2e} mean {sum(errs) / len(errs):.2e} "
+          f"({s.n} steps, {dt * 1e3:.1f} ms incl. launch); exchange wait {s.tp.exchange_wait_us()}")
     print("per-step rel L2: " + " ".join(f"{j}:{e:.1e}" for j, e in enumerate(errs)))
     assert not torch.isnan(out).any()
     assert max(errs) <= 1e-2, [(j, e) for j, e in enumerate(errs) if e > 1e-2][:5]
     assert not s.lanes_equal(), "delay 2 must give the lanes different residual streams"
 
 
-def test_qwen_1p5b_lanes_rerun_bit_identical():
+def test_big_lanes_rerun_bit_identical():
     s = big()
     t1, o1 = s.run()
     t2, o2 = s.run()
     assert t1 == t2 and torch.equal(o1, o2)
-    assert s.tp.rank_tokens(1) == t2
+    for r in range(1, TP):
+        assert s.tp.rank_tokens(r) == t2, r
 
 
 def test_greedy_decode_exchange_wait():

@@ -1,25 +1,25 @@
-"""The engine on the tensor-parallel monokernel (tp=2, exact mode) against the single-GPU monokernel engine, on a
-random-weight Qwen2.5-Coder-1.5B-shape model: the same greedy tokens for a prompt + 64 tokens, then for a request
-extending it (prefix-cache reuse after a TP decode: the decoded K/V were copied back from the ranks), the engine's
-cache equal to the ranks' caches bit for bit on the decoded positions, a cancelled stream leaving a consistent
-slot, and stats showing tp=2 and an exchange wait. Skips without two sm_90 GPUs.
+"""The engine on the tensor-parallel monokernel (tp=KOG_TEST_TP, default 2, exact mode) against the single-GPU
+monokernel engine, on a random-weight Qwen2.5-Coder-1.5B-shape model: the same greedy tokens for a prompt + 64
+tokens, then for a request extending it (prefix-cache reuse after a TP decode: the decoded K/V were copied back from
+the ranks), the engine's cache equal to every rank's cache bit for bit on the decoded positions (with 4 or 8 ranks
+several ranks hold each KV head: all of them), a cancelled stream leaving a consistent slot, and stats showing the
+tp size and an exchange wait. Skips without KOG_TEST_TP sm_90 GPUs.
 
 Device run: NCCL_NVLS_ENABLE=0 python3 -m pytest -q -s tests/gpu/test_tp_engine_gpu.py
+(4 ranks: KOG_TEST_TP=4 NCCL_NVLS_ENABLE=0 python3 -m pytest -q -s tests/gpu/test_tp_engine_gpu.py)
 (not test_tp_engine.py: tests/tp/ has a module of that name, and pytest cannot collect both)"""
 from __future__ import annotations
 
 import threading
 
-import pytest
 import torch
+from tp_gpus import TP, needs_tp_gpus  # tests/gpu is on sys.path under pytest
 
-N_GPU = torch.cuda.device_count() if torch.cuda.is_available() else 0
-hopper = N_GPU >= 2 and all(torch.cuda.get_device_capability(i) == (9, 0) for i in range(2))
-pytestmark = pytest.mark.skipif(not hopper, reason="needs 2 sm_90 (Hopper) CUDA GPUs")
+pytestmark = needs_tp_gpus
 
 SHAPE = "qwen2.5-coder-1.5b"
 ML, PROMPT, NEW = 1024, 200, 64
-NEAR_TIE = 2e-3     # logprob gap under which tp=2 and one GPU may pick different tokens (summation order)
+NEAR_TIE = 2e-3     # logprob gap under which TP ranks and one GPU may pick different tokens (summation order)
 
 
 class Pair:
@@ -30,7 +30,7 @@ class Pair:
         self.cfg = cfg = preset(SHAPE)
         self.model = random_model(cfg, device="cuda:0", max_len=ML, seed=11)
         self.one = Engine(self.model, None, kv_slots=2, backend="monokernel")
-        self.tp = Engine(self.model, None, kv_slots=2, backend="monokernel", tp=2)
+        self.tp = Engine(self.model, None, kv_slots=2, backend="monokernel", tp=TP)
         g = torch.Generator().manual_seed(12)
         self.prompt = torch.randint(0, cfg.vocab_size, (PROMPT,), generator=g).tolist()
         self.extra = torch.randint(0, cfg.vocab_size, (37,), generator=g).tolist()
@@ -46,25 +46,25 @@ def pair() -> Pair:
 
 
 def agree(p: Pair, prompt: list[int], a: list[int], b: list[int]) -> int:
-    """Number of leading tokens equal in a (one GPU) and b (tp=2). A difference is allowed only at a near-tie of
+    """Number of leading tokens equal in a (one GPU) and b (tp=TP). A difference is allowed only at a near-tie of
     the single-GPU model (scored on the reference path), and the comparison stops there."""
     for i, (x, y) in enumerate(zip(a, b)):
         if x != y:
             sc = p.one.score(prompt + a[:i] + [y])
             gap = sc.top_logprobs[-1] - sc.token_logprobs[-1]
-            print(f"tokens differ at {i}: one GPU {x}, tp=2 {y}, logprob gap {gap:.2e}")
+            print(f"tokens differ at {i}: one GPU {x}, tp={TP} {y}, logprob gap {gap:.2e}")
             assert gap < NEAR_TIE, (i, x, y, gap)
             return i
     return len(a)
 
 
-def test_engine_tp2_selected_and_reports_tp():
+def test_engine_tp_selected_and_reports_tp():
     p = pair()
     s = p.tp.stats()
     print(f"\n{s['backend_detail']}\nreason: {s['backend_reason']}")
-    assert s["backend"] == "monokernel" and s["tp"] == 2 and s["tp_mode"] == "exact"
+    assert s["backend"] == "monokernel" and s["tp"] == TP and s["tp_mode"] == "exact"
     bs = s["backend_stats"]
-    assert bs["tp"] == 2 and bs["tp_devices"] == ["cuda:0", "cuda:1"] and bs["vocab_parallel"]
+    assert bs["tp"] == TP and bs["tp_devices"] == [f"cuda:{i}" for i in range(TP)] and bs["vocab_parallel"]
 
 
 def test_greedy_tokens_match_single_gpu_then_prefix_reuse_after_tp_decode():
@@ -72,7 +72,7 @@ def test_greedy_tokens_match_single_gpu_then_prefix_reuse_after_tp_decode():
     none = frozenset()
     r1 = p.one.complete(p.prompt, max_new_tokens=NEW, stop_ids=none)
     t1 = p.tp.complete(p.prompt, max_new_tokens=NEW, stop_ids=none)
-    print(f"\none GPU {r1.decode_tok_s:.0f} tok/s, tp=2 {t1.decode_tok_s:.0f} tok/s; "
+    print(f"\none GPU {r1.decode_tok_s:.0f} tok/s, tp={TP} {t1.decode_tok_s:.0f} tok/s; "
           f"tp backend stats {p.tp.stats()['backend_stats']}")
     assert len(r1.token_ids) == len(t1.token_ids) == NEW
     n = agree(p, p.prompt, r1.token_ids, t1.token_ids)
@@ -91,7 +91,7 @@ def test_greedy_tokens_match_single_gpu_then_prefix_reuse_after_tp_decode():
     same = min(n, NEW - 1)
     a, b = p.one.cache.k[s1, :, :, lo:lo + same].double(), p.tp.cache.k[slot, :, :, lo:lo + same].double()
     err = ((a - b).norm() / a.norm()).item()
-    print(f"decoded K over {same} positions: tp=2 vs one GPU rel L2 {err:.2e}")
+    print(f"decoded K over {same} positions: tp={TP} vs one GPU rel L2 {err:.2e}")
     assert err < 1e-2
 
     # A second request extending the first (the TP engine's tokens) reuses the TP-decoded prefix.
@@ -100,7 +100,7 @@ def test_greedy_tokens_match_single_gpu_then_prefix_reuse_after_tp_decode():
     t2 = p.tp.complete(p2, max_new_tokens=NEW, stop_ids=none)
     assert t2.reused_tokens == PROMPT + NEW - 1, t2.reused_tokens
     m = agree(p, p2, r2.token_ids, t2.token_ids)
-    print(f"extending request: tp=2 reused {t2.reused_tokens} (one GPU {r2.reused_tokens}), {m}/{NEW} tokens equal")
+    print(f"extending request: tp={TP} reused {t2.reused_tokens} (one GPU {r2.reused_tokens}), {m}/{NEW} tokens equal")
     bs = p.tp.stats()["backend_stats"]
     print(f"exchange wait per token: last {bs['exchange_wait_us']} us (max over CTAs {bs['exchange_wait_max_us']}), "
           f"mean {bs['exchange_wait_mean_us']} us; K/V positions to ranks {bs['kv_to_ranks_positions']}, back "

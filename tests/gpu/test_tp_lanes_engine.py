@@ -1,27 +1,27 @@
-"""The engine serving a Laneformer lane checkpoint in delayed mode on 2 GPUs (Engine.load(lane dir, tp=2,
-tp_mode="delayed"): lane reference prefill on cuda:0 into the lane-major KV cache, decode through
-TPMonokernel(mode="delayed"), decoded K/V copied back) against the fp32 lane reference (engine.lanes.LaneModel, the
-truth) holding the same bf16 weight values. A random lane checkpoint of tests/gpu/shapes.py's small Llama shape
-(4 layers, 2 lanes, delay 2, so the lanes' streams differ) is written to disk with a tokenizer and loaded the way
-`kog-lsp --model DIR --tp 2 --tp-mode delayed` loads it.
+"""The engine serving a Laneformer lane checkpoint in delayed mode on N = KOG_TEST_TP GPUs, default 2
+(Engine.load(lane dir, tp=N, tp_mode="delayed"): lane reference prefill on cuda:0 into the lane-major KV cache, decode
+through TPMonokernel(mode="delayed"), decoded K/V copied back) against the fp32 lane reference (engine.lanes.LaneModel,
+the truth) holding the same bf16 weight values. A random lane checkpoint of tests/gpu/shapes.py's small Llama shape
+(4 layers, N lanes, delay 2, so the lanes' streams differ; widened for 8 lanes: tp_gpus.small_lane_shape) is written
+to disk with a tokenizer and loaded the way `kog-lsp --model DIR --tp N --tp-mode delayed` loads it.
 
 Checks: backend / stats (tp, tp_mode, lanes, exchange wait); teacher-forced logits of the prefill and of every
 kernel step vs the fp32 reference (rel L2 <= 1e-2); the engine's greedy tokens equal the reference's argmax at every
 step except at near-ties (bf16 kernel vs fp32 reference); the ranks' caches equal the engine's cache bit for bit on
 the decoded positions and the decoded K close to the reference's; a request extending the first reuses the decoded
-prefix; a cancelled stream leaves a consistent slot. Skips without two sm_90 GPUs.
+prefix; a cancelled stream leaves a consistent slot. Skips without KOG_TEST_TP sm_90 GPUs.
 
-Device run: NCCL_NVLS_ENABLE=0 python3 -m pytest -q -s tests/gpu/test_tp_lanes_engine.py"""
+Device run: NCCL_NVLS_ENABLE=0 python3 -m pytest -q -s tests/gpu/test_tp_lanes_engine.py
+(4 ranks: KOG_TEST_TP=4 NCCL_NVLS_ENABLE=0 python3 -m pytest -q -s tests/gpu/test_tp_lanes_engine.py)"""
 from __future__ import annotations
 
 import threading
 
 import pytest
 import torch
+from tp_gpus import TP, needs_tp_gpus, small_lane_shape  # tests/gpu is on sys.path under pytest
 
-N_GPU = torch.cuda.device_count() if torch.cuda.is_available() else 0
-hopper = N_GPU >= 2 and all(torch.cuda.get_device_capability(i) == (9, 0) for i in range(2))
-pytestmark = pytest.mark.skipif(not hopper, reason="needs 2 sm_90 (Hopper) CUDA GPUs")
+pytestmark = needs_tp_gpus
 
 ML, PROMPT, NEW = 512, 48, 32
 NEAR_TIE = 5e-2     # logprob gap under which the bf16 kernel and the fp32 reference may pick different tokens
@@ -38,12 +38,11 @@ class Setup:
         from engine.lanes import load_lane_checkpoint
         from engine.testing_lanes import write_lane_checkpoint
         from kernels.testing import lane_config_like, random_lane_weights_on
-        from shapes import SHAPES   # tests/gpu is on sys.path under pytest
-        cfg = lane_config_like(SHAPES["llama"], 2, broadcast_delay=2, eos_token_id=0, bos_token_id=7)
+        cfg = lane_config_like(small_lane_shape(TP), TP, broadcast_delay=2, eos_token_id=0, bos_token_id=7)
         w = random_lane_weights_on(cfg, device="cpu", dtype=torch.bfloat16, seed=21)
         self.dir = write_lane_checkpoint(root / "lane-ckpt", dict(cfg.raw), w, tokenizer=True)
         self.ref = load_lane_checkpoint(self.dir, dtype=torch.float32, device="cuda:0")   # same values, fp32
-        self.e = Engine.load(str(self.dir), device="cuda:0", tp=2, tp_mode="delayed", kv_slots=2, max_seq_len=ML)
+        self.e = Engine.load(str(self.dir), device="cuda:0", tp=TP, tp_mode="delayed", kv_slots=2, max_seq_len=ML)
         g = torch.Generator().manual_seed(22)
         self.prompt = torch.randint(8, cfg.vocab_size, (PROMPT,), generator=g).tolist()
         self.extra = torch.randint(8, cfg.vocab_size, (19,), generator=g).tolist()
@@ -80,10 +79,10 @@ def check_tokens(s: Setup, prompt, toks) -> int:
 def test_loaded_and_selected(s):
     st = s.e.stats()
     print(f"\n{st['backend_detail']}\nreason: {st['backend_reason']}")
-    assert st["backend"] == "monokernel" and st["tp"] == 2 and st["tp_mode"] == "delayed"
+    assert st["backend"] == "monokernel" and st["tp"] == TP and st["tp_mode"] == "delayed"
     bs = st["backend_stats"]
-    assert bs["tp"] == 2 and bs["tp_mode"] == "delayed" and bs["tp_devices"] == ["cuda:0", "cuda:1"]
-    assert bs["lanes"].startswith("delayed mode: 2 lanes, delay 2")
+    assert bs["tp"] == TP and bs["tp_mode"] == "delayed" and bs["tp_devices"] == [f"cuda:{i}" for i in range(TP)]
+    assert bs["lanes"].startswith(f"delayed mode: {TP} lanes, delay 2")
     assert s.e.tokenizer is not None and s.e.tokenizer.decode(s.e.tokenizer.encode("def f(x):")) == "def f(x):"
 
 
@@ -122,7 +121,7 @@ def test_greedy_then_prefix_reuse_and_caches(s):
         assert torch.equal(e.cache.v[slot, :, k0:k1, lo:hi], b.mk.v_caches[r][slot, :, :, lo:hi].to("cuda:0"))
     c = s.ref.new_cache()
     s.ref(p + r1.token_ids[:-1], c)
-    want = torch.cat([lane_cache(c, s.ref.cfg, r, ML, device="cuda:0")[0] for r in range(2)], 2)
+    want = torch.cat([lane_cache(c, s.ref.cfg, r, ML, device="cuda:0")[0] for r in range(TP)], 2)
     err = rel(e.cache.k[slot, :, :, lo:hi].float(), want[0, :, :, lo:hi])
     print(f"\ndecoded K vs fp32 reference rel L2 {err:.2e}")
     assert err < 1e-2
