@@ -16,7 +16,8 @@ import torch
 
 from . import isa
 from .build import build
-from .schedule import Dims, Schedule, attn_split_defaults, build as build_schedule, mv_pipelined_model
+from .schedule import (Dims, Schedule, attn_split_defaults, build as build_schedule, mv_pipelined_model, sampler_fits,
+                       smem_layout)
 
 log = logging.getLogger("kernels")
 
@@ -158,16 +159,14 @@ class Monokernel:
         # in before its wait (attn_prefetch); longer splits go through it in chunks of kv_stage_pos positions.
         # Capacity: max(128, max_len / n_splits) positions, bounded by the SM's shared memory.
         max_len = k_cache.shape[3]
-        self.sm_kv = -(-self.sched.smem_bytes() // 16) * 4   # float offset, 16-byte aligned
-        self._stage_row_bytes = 4 * self.cfg.head_dim + 2 * isa.KPAD + 4 * isa.MAX_GROUP
         optin = getattr(props, "shared_memory_per_block_optin", 227 * 1024) - 1024   # static smem headroom
-        fit = (optin - 4 * self.sm_kv) // self._stage_row_bytes
-        if fit < 16:
-            raise RuntimeError(f"monokernel: no shared memory left for attention staging ({fit} positions)")
-        self.stage_capacity = min(max(128, -(-max_len // self.sched.n_splits)), fit)
+        try:
+            self.smem_layout = lay = smem_layout(self.sched, max_len, optin)
+        except ValueError as e:
+            raise RuntimeError(str(e)) from None
+        self.sm_kv, self.stage_capacity, self.stage_floats, self.smem = lay.sm_kv, lay.stage_pos, lay.stage_floats, \
+            lay.smem
         self.kv_stage_pos = self.stage_capacity
-        self.stage_floats = self.stage_capacity * self._stage_row_bytes // 4
-        self.smem = 4 * (self.sm_kv + self.stage_floats)
         occ = ctypes.c_int(0)
         _check(lib, lib.mk_occupancy(self.smem, ctypes.byref(occ)), "occupancy")
         if occ.value < 1:
@@ -219,8 +218,9 @@ class Monokernel:
         off, ins = sc.flat()
         self.sm_off = torch.from_numpy(off).to(dev)
         self.instr = torch.from_numpy(ins).contiguous().to(dev)
-        if sc.n_lm * isa.TOPK * 2 > isa.SMEM_RED_FLOATS:
-            raise ValueError("too many LM-head blocks for the sampler's candidate buffer")
+        if not sampler_fits(sc.n_lm, self.smem_layout.sampler_floats):
+            raise ValueError(f"{sc.n_lm} LM-head blocks: their candidates do not fit the sampler's shared memory "
+                             f"({self.smem_layout.sampler_floats} floats)")
         self.max_instr = int((off[1:] - off[:-1]).max())
         self.host_tokens = HostBuffer(lib, max_steps)
         self.host_stat = HostBuffer(lib, isa.HOST_WORDS)

@@ -86,6 +86,40 @@ class Schedule:
         return 4 * max(vec + isa.SMEM_RED_FLOATS + out, attn)
 
 
+@dataclass(frozen=True)
+class SmemLayout:
+    """A CTA's dynamic shared memory (floats unless named bytes): the working region (schedule.smem_bytes), then the
+    attention staging of stage_pos positions (per position its K row padded by KPAD and its V row, bf16, and
+    MAX_GROUP scores). The sampler's top-p candidates (2 floats each: probability and token id) start at the
+    partial-sum region (after the input vector) and may run to the end: nothing else is live in the sampling CTA
+    then (mk_sample.cuh nucleus_pick)."""
+    sm_kv: int            # float offset of the staging, 16-byte aligned
+    stage_pos: int        # positions staged at once
+    stage_floats: int
+    smem: int             # bytes
+    sampler_floats: int   # room for the sampler's candidates
+
+
+def smem_layout(sched: Schedule, max_len: int, optin: int) -> SmemLayout:
+    """Staging capacity max(128, max_len / n_splits) positions, bounded by `optin` bytes per CTA; ValueError when
+    fewer than 16 positions fit."""
+    dm = sched.dims
+    sm_kv = -(-sched.smem_bytes() // 16) * 4
+    row = 4 * dm.head_dim + 2 * isa.KPAD + 4 * isa.MAX_GROUP
+    fit = (optin - 4 * sm_kv) // row
+    if fit < 16:
+        raise ValueError(f"monokernel: no shared memory left for attention staging ({fit} positions)")
+    pos = min(max(128, -(-max_len // sched.n_splits)), fit)
+    stage = pos * row // 4
+    vec = max(dm.d, dm.q_dim, dm.ffn)
+    return SmemLayout(sm_kv, pos, stage, 4 * (sm_kv + stage), sm_kv + stage - vec)
+
+
+def sampler_fits(n_records: int, sampler_floats: int) -> bool:
+    """Whether n_records LM-head records' top-k candidates fit sampler_floats (SmemLayout) of shared memory."""
+    return n_records * isa.TOPK * 2 <= sampler_floats
+
+
 def mv_pipelined_model(dm: Dims) -> bool:
     """The matvec loop of the one-GPU library build for this model (kernels/build.py builds one per loop): the
     pipelined one when the rows it suits (isa.mv_pipelined) carry at least half of the streamed weight bytes."""

@@ -119,11 +119,12 @@ class TPMonokernel:
         self.kv_bounds = [s.kv_heads for s in self.plan.ranks]
         vp = vocab_parallel and N > 1
         if vp:
-            n_rec = sum(schedule.build(schedule.Dims.of(m_cfg), n_sm).n_lm for m_cfg in
-                        (self._local_cfg(r) for r in range(N)))
-            if n_rec * isa.TOPK * 2 > isa.SMEM_RED_FLOATS:
+            sch = [schedule.build(schedule.Dims.of(self._local_cfg(r)), n_sm) for r in range(N)]
+            n_rec = sum(sc.n_lm for sc in sch)
+            room = min(schedule.smem_layout(sc, max_len, self._optin(r)).sampler_floats for r, sc in enumerate(sch))
+            if not schedule.sampler_fits(n_rec, room):
                 log.warning("tp monokernel: replicated LM head: %d LM-head records over %d ranks do not fit the "
-                            "sampler's candidate buffer (%d floats)", n_rec, N, isa.SMEM_RED_FLOATS)
+                            "sampler's shared memory (%d floats)", n_rec, N, room)
                 vp = False
         self.vocab_parallel = vp
         self.vocab_off = [s.vocab[0] for s in self.plan.ranks]
@@ -144,9 +145,6 @@ class TPMonokernel:
         n_lm = [s.n_lm for s in scheds]
         self.rec_off = [sum(n_lm[:r]) for r in range(N)] if vp else [0] * N
         self.n_records = sum(n_lm) if vp else n_lm[0]
-        if vp and self.n_records * isa.TOPK * 2 > isa.SMEM_RED_FLOATS:
-            raise TPUnavailableError(f"{self.n_records} LM-head records over {N} ranks do not fit the sampler's "
-                                     f"candidate buffer ({isa.SMEM_RED_FLOATS} floats)")
         if k_caches is None:
             k_caches, v_caches = [], []
             for r, m in enumerate(self.models):
@@ -159,6 +157,10 @@ class TPMonokernel:
             with torch.cuda.device(self.devices[r]):
                 self.ranks.append(Monokernel(self.models[r], self.k_caches[r], self.v_caches[r],
                                              max_steps=self.max_steps, n_sm=n_sm, sched=scheds[r], tp_build=True))
+        room = min(mk.smem_layout.sampler_floats for mk in self.ranks)
+        if vp and not schedule.sampler_fits(self.n_records, room):
+            raise TPUnavailableError(f"{self.n_records} LM-head records over {N} ranks do not fit the sampler's "
+                                     f"shared memory ({room} floats)")
         self.recv = [torch.zeros(L * 2 * N * d + fin * d, dtype=torch.float32, device=dv) for dv in self.devices]
         self.xwait = [torch.zeros(n_sm, dtype=torch.int64, device=dv) for dv in self.devices]
         # every rank's sampling records (vocabulary-parallel), else each Monokernel's own
@@ -186,6 +188,11 @@ class TPMonokernel:
     def describe(self) -> str:
         """The split: exact mode's shard plan or delayed mode's lane plan."""
         return self.lanes.describe() if self.lanes is not None else self.plan.describe()
+
+    def _optin(self, r: int) -> int:
+        """Shared memory a CTA may use on rank r's GPU (as runtime.Monokernel reserves it)."""
+        props = torch.cuda.get_device_properties(self.devices[r])
+        return getattr(props, "shared_memory_per_block_optin", 227 * 1024) - 1024
 
     def _local_cfg(self, r: int):
         from .tp_local import local_cfg

@@ -192,3 +192,36 @@ def test_attention_split_defaults_bounds():
     many = schedule.Dims(d=1024, n_layers=2, n_heads=32, n_kv=32, head_dim=32, ffn=1024, vocab=100, eps=1e-6)
     assert schedule.attn_split_defaults(one) == (16, 32)
     assert schedule.attn_split_defaults(many) == (64, 8)
+
+
+OPTIN = 227 * 1024 - 1024   # what runtime.Monokernel lets a CTA use on an H200
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "llama-3.2-1b", "qwen2.5-coder-1.5b"])
+@pytest.mark.parametrize("ranks", [2, 4, 8])
+def test_vocab_parallel_sampler_candidates_fit_up_to_8_ranks(name, ranks):
+    """The vocabulary-parallel sampler reduces every rank's LM-head records (132 each on an H200): their top-k
+    candidates used to be bounded by the partial-sum region alone (8192 floats: 3 ranks at most); they may run to
+    the end of shared memory, which holds 8 ranks' worth at the real shapes."""
+    from kernels.tp_local import kernel_plan, local_cfg
+    cfg = preset(name)
+    plan = kernel_plan(cfg, ranks)
+    sch = [schedule.build(schedule.Dims.of(local_cfg(cfg, plan, r, vocab_parallel=True)), 132) for r in range(ranks)]
+    n_rec = sum(s.n_lm for s in sch)
+    lays = [schedule.smem_layout(s, 4096, OPTIN) for s in sch]
+    assert n_rec * isa.TOPK * 2 > isa.SMEM_RED_FLOATS or ranks < 4
+    assert all(schedule.sampler_fits(n_rec, lay.sampler_floats) for lay in lays), (n_rec, lays)
+    for s, lay in zip(sch, lays):
+        dm = s.dims
+        assert lay.smem <= OPTIN and lay.sm_kv * 4 >= s.smem_bytes() and lay.sm_kv % 4 == 0
+        assert lay.sampler_floats == lay.smem // 4 - max(dm.d, dm.q_dim, dm.ffn)
+
+
+def test_smem_layout_staging_bounds():
+    s = schedule.build(schedule.Dims.of(preset("qwen2.5-coder-1.5b")), 132)
+    assert schedule.smem_layout(s, 512, OPTIN).stage_pos == 128                 # at least 128 positions
+    long = schedule.smem_layout(s, 1 << 20, OPTIN)                              # capped by shared memory
+    assert 16 <= long.stage_pos < (1 << 20) // s.n_splits and long.smem <= OPTIN
+    with pytest.raises(ValueError, match="no shared memory left"):
+        schedule.smem_layout(s, 4096, s.smem_bytes() + 1024)
+    assert not schedule.sampler_fits(1000, 1000 * isa.TOPK * 2 - 1) and schedule.sampler_fits(1000, 16000)
