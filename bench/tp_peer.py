@@ -27,19 +27,11 @@ from engine.model import Model, apply_rope, rms_norm, rope_tables
 from engine.tp.shard import make_plan, rank_layers, shard_weights
 
 
-def _dense_2b() -> ModelConfig:
-    # ~2.3B dense Llama with the dimensions inferred for Kog's laneformer-2b (DTP-laneformer.md §1): Kog's
-    # published 476 us/token on 8 H200s is for a model of this size.
-    return ModelConfig(arch="llama", vocab_size=32000, hidden_size=3072, n_layers=15, n_heads=32, n_kv_heads=16,
-                       intermediate_size=12288, head_dim=96, rms_norm_eps=1e-5, rope_theta=10000.0,
-                       max_position_embeddings=4096, tie_word_embeddings=False, name="dense-2b")
-
-
 SHAPES = {
     "qwen-1.5b": lambda: preset("qwen2.5-coder-1.5b"),
     "qwen-0.5b": lambda: preset("qwen2.5-coder-0.5b"),
     "llama-1b": lambda: preset("llama-3.2-1b"),
-    "dense-2b": _dense_2b,
+    "dense-2b": lambda: preset("dense-2b"),   # Kog's laneformer-2b sizes (engine/config.py)
 }
 
 def log(*a):

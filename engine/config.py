@@ -179,6 +179,12 @@ PRESETS: dict[str, ModelConfig] = {
                       "original_max_position_embeddings": 8192},
         max_position_embeddings=131072, tie_word_embeddings=True, bos_token_id=128000,
         eos_token_ids=(128001, 128008, 128009), name="llama-3.2-1b"),
+    # Not a released checkpoint: a ~2.3B dense Llama with the sizes inferred for Kog's laneformer-2b
+    # (shared/DTP-laneformer.md section 1; head_dim 96), for benchmarks and kernel tests on random weights.
+    "dense-2b": ModelConfig(
+        arch="llama", vocab_size=32000, hidden_size=3072, n_layers=15, n_heads=32, n_kv_heads=16,
+        intermediate_size=12288, head_dim=96, rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=4096,
+        tie_word_embeddings=False, name="dense-2b"),
 }
 
 

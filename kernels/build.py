@@ -5,8 +5,8 @@ the flags; a build prints one progress line. `KOG_KERNELS_CACHE` overrides the c
 with the tensor-parallel exchange compiled out (-DMK_TP=0), with the one-set matvec loop or with pipe=True the
 pipelined one (-DMK_MV_PIPE=1; the runtime picks per model, schedule.mv_pipelined_model), either with cluster=True
 (-DMK_CLUSTER=1: the attention combined inside thread-block clusters, Monokernel(attn_cluster=...)), and tp=True
-(kernels/tp_runtime.py; one-set loop). Each is built for one attention head size (head_dim 64 or 128: -DMK_HEAD_DIM),
-so the kernel holds one attention path instead of both (a smaller kernel); head_dim 0 builds both.
+(kernels/tp_runtime.py; one-set loop). Each is built for one attention head size (head_dim in isa.HEAD_DIMS:
+-DMK_HEAD_DIM), so the kernel holds one attention path (a smaller kernel); head_dim 0 builds the 64 and 128 paths.
 """
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def variant_flags(tp: bool, pipe: bool = False, cluster: bool = False, head_dim:
         raise ValueError("the tensor-parallel build has the one-set matvec loop only")
     if tp and cluster:
         raise ValueError("the tensor-parallel build has no cluster attention")
-    if head_dim not in (0, 64, 128):
-        raise ValueError(f"head_dim {head_dim}: the kernel has attention for 64 and 128")
+    if head_dim != 0 and head_dim not in isa.HEAD_DIMS:
+        raise ValueError(f"head_dim {head_dim}: the kernel has attention for {', '.join(map(str, isa.HEAD_DIMS))}")
     return (f"-DMK_TP={int(tp)}", f"-DMK_MV_PIPE={int(pipe)}", f"-DMK_CLUSTER={int(cluster)}",
             f"-DMK_HEAD_DIM={head_dim}")
 

@@ -48,6 +48,7 @@ MV_UNROLL = 4              # 16-byte chunks per lane per matvec item (loads in f
 MV_UNROLL_PIPE = 3         # the same for the two-register-set (pipelined) matvec: both sets fit 128 registers
 MAX_GROUP = 8              # q heads per kv head an ATTN instruction handles
 KPAD = 8                   # bf16 padding per staged K row (conflict-free 16-byte reads, mk_attn_loop.cuh)
+HEAD_DIMS = (64, 96, 128)  # attention head sizes the kernel has (one per library build, kernels/build.py)
 MAX_SPLITS = 64
 SMEM_RED_FLOATS = 8192     # matvec partial sums per instruction: rows x items_per_row must fit
 

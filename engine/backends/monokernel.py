@@ -97,8 +97,8 @@ class MonokernelBackend(Backend):
         from kernels.schedule import Dims, attn_cluster_model, mv_pipelined_model
         if config.arch not in ("llama", "qwen2"):
             return False, f"architecture {config.arch} not supported"
-        if config.head_dim not in (64, 128):
-            return False, f"head_dim {config.head_dim} (supported: 64, 128)"
+        if config.head_dim not in isa.HEAD_DIMS:
+            return False, f"head_dim {config.head_dim} (supported: {', '.join(map(str, isa.HEAD_DIMS))})"
         if config.n_heads % config.n_kv_heads or config.n_heads // config.n_kv_heads > isa.MAX_GROUP:
             return False, f"GQA group {config.n_heads}/{config.n_kv_heads} (at most {isa.MAX_GROUP})"
         if config.o_bias or config.mlp_bias:

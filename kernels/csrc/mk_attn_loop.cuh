@@ -48,14 +48,17 @@ MK_DEV void attn_scores_mma(const mk_bf16* qh, const mk_bf16* stk, float* sc, in
 
 // Softmax weights and values of q head j = this warp (the caller runs it in warps j < g, after the scores), one
 // chunk of positions: the warp finds the chunk's max, turns its head's scores into e = exp(s - max) in place, then
-// lane (s, c) (c: a 16-byte chunk of the V row, s: every (32 / (HD / 8))-th position) adds e * v over its
-// positions, and a butterfly over s sums them. The running state is the head's partial record itself (pj: max,
+// lane (s, c) (c: one of the CH = HD / 8 16-byte chunks of the V row, s: every S = 32 / CH-th position; head_dim
+// 96 leaves lanes S x CH .. 31 idle here) adds e * v over its positions, and shuffles over s sum them (a butterfly
+// when CH is a power of two, else S = 2 and one shuffle down by CH). The running state is the head's partial record itself (pj: max,
 // denominator, HD weighted sums; written by this warp, read back by it for a later chunk), so no register holds
 // anything across the scores.
 template <int HD>
 MK_DEV void attn_head_values(float* sc, const mk_bf16* stv, int C, int cap, float* pj, bool first) {
     constexpr int CH = HD / 8, S = 32 / CH;
-    const int j = threadIdx.x >> 5, lane = threadIdx.x & 31, c = lane & (CH - 1), s0 = lane / CH;
+    constexpr bool POW2 = (CH & (CH - 1)) == 0;
+    static_assert(HD % 16 == 0 && (POW2 || S == 2), "head_dim 64, 96 or 128");
+    const int j = threadIdx.x >> 5, lane = threadIdx.x & 31, c = lane % CH, s0 = lane / CH;
     float* ej = sc + j * cap;
     float mx = -INFINITY;
     for (int pp = lane; pp < C; pp += 32) mx = fmaxf(mx, ej[pp]);
@@ -70,7 +73,7 @@ MK_DEV void attn_head_values(float* sc, const mk_bf16* stv, int C, int cap, floa
     __syncwarp();
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll 4
-    for (int pp = s0; pp < C; pp += S) {
+    for (int pp = s0 < S ? s0 : C; pp < C; pp += S) {
         const uint4 u = *(const uint4*)(stv + (size_t)pp * HD + 8 * c);
         const float e = ej[pp];
         acc[0] += e * __uint_as_float(u.x << 16);
@@ -82,10 +85,15 @@ MK_DEV void attn_head_values(float* sc, const mk_bf16* stv, int C, int cap, floa
         acc[6] += e * __uint_as_float(u.w << 16);
         acc[7] += e * __uint_as_float(u.w & 0xffff0000u);
     }
+    if constexpr (POW2) {
 #pragma unroll
-    for (int o = CH; o < 32; o <<= 1)
+        for (int o = CH; o < 32; o <<= 1)
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] += mk_shfl_xor(acc[i], o);
+            for (int i = 0; i < 8; ++i) acc[i] += mk_shfl_xor(acc[i], o);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] += mk_shfl_down(acc[i], CH);
+    }
     ls = warp_sum(ls);
     const float corr = expf(m_old - mn);   // 0 on the first chunk (m_old = -inf)
     if (lane < CH) {

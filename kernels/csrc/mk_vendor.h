@@ -71,6 +71,7 @@ MK_DEV longlong2 mk_ld_cg_s64x2(const unsigned long long* p) { return __ldcg((co
 MK_DEV void mk_red_add_u64(unsigned long long* p, unsigned long long v) { atomicAdd(p, v); }
 MK_DEV float mk_shfl_xor(float v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
 MK_DEV int mk_shfl_xor_i(int v, int m) { return __shfl_xor_sync(0xffffffffu, v, m); }
+MK_DEV float mk_shfl_down(float v, int d) { return __shfl_down_sync(0xffffffffu, v, d); }
 MK_DEV float mk_bf2f(mk_bf16 v) { return __bfloat162float(v); }
 MK_DEV mk_bf16 mk_f2bf(float v) { return __float2bfloat16(v); }
 // 8 bf16 packed in a uint4 -> 8 floats (bf16 is the top half of an fp32).

@@ -26,13 +26,17 @@
 #error "the tensor-parallel build has no cluster attention"
 #endif
 #ifndef MK_HEAD_DIM
-#define MK_HEAD_DIM 0   // 64 or 128: the one attention head size this build runs (kernels/build.py); 0: both
+#define MK_HEAD_DIM 0   // 64, 96 or 128: the one attention head size this build runs (kernels/build.py); 0: 64 and 128
 #endif
-#if MK_HEAD_DIM != 0 && MK_HEAD_DIM != 64 && MK_HEAD_DIM != 128
-#error "MK_HEAD_DIM must be 0, 64 or 128"
+#if MK_HEAD_DIM != 0 && MK_HEAD_DIM != 64 && MK_HEAD_DIM != 96 && MK_HEAD_DIM != 128
+#error "MK_HEAD_DIM must be 0, 64, 96 or 128"
 #endif
-// Whether this launch runs the head_dim-64 attention path (a build for one head size drops the other path's code).
-#define MK_HD64(p) (MK_HEAD_DIM == 64 || (MK_HEAD_DIM == 0 && (p).head_dim == 64))
+// f<head_dim>(...) for this launch's head size (a build for one head size holds only that attention path).
+#if MK_HEAD_DIM
+#define MK_ATTN_HD(p, f, ...) f<MK_HEAD_DIM>(__VA_ARGS__)
+#else
+#define MK_ATTN_HD(p, f, ...) ((p).head_dim == 64 ? f<64>(__VA_ARGS__) : f<128>(__VA_ARGS__))
+#endif
 #if MK_MV_PIPE
 #define U MK_MV_UNROLL_PIPE
 #else
@@ -144,8 +148,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             if (pre) mv_load(m, R, K, threadIdx.x >> 5, w, cb);   // in flight while we wait
             if (p.prefetch_bytes > 0) prefetch_instr(p, ins);
             if (op == MK_OP_ATTN) {   // cached K/V rows in flight while we wait, like a matvec's weights
-                if (MK_HD64(p)) attn_prefetch<64>(p, ins, pos, sm);
-                else attn_prefetch<128>(p, ins, pos, sm);
+                MK_ATTN_HD(p, attn_prefetch, p, ins, pos, sm);
             }
             trace(p, step, ii, 0);
             if (!xr_wait(p, ins, step, sflag)) return;
@@ -157,8 +160,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
 #endif
             trace(p, step, ii, 1);
             if (op == MK_OP_ATTN) {
-                const int r = MK_HD64(p) ? op_attn<64>(p, ins, ii, step, pos, sm, sflag)
-                                               : op_attn<128>(p, ins, ii, step, pos, sm, sflag);
+                const int r = MK_ATTN_HD(p, op_attn, p, ins, ii, step, pos, sm, sflag);
                 if (r < 0) return;   // aborted (watchdog) while waiting for the head's partials
 #if MK_CLUSTER
                 cl_pending = r > 0;

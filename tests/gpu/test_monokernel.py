@@ -21,10 +21,11 @@ def rel(a, b):
 
 class Setup:
     def __init__(self, name, max_len=1024, seed=0):
+        """name: an engine.config preset or a ModelConfig."""
         from engine.config import preset
         from kernels.runtime import Monokernel
         from kernels.testing import random_model, upcast
-        self.cfg = cfg = preset(name)
+        self.cfg = cfg = preset(name) if isinstance(name, str) else name
         self.m16 = random_model(cfg, max_len=max_len, seed=seed)
         self.m32 = upcast(self.m16)
         shape = (1, cfg.n_layers, cfg.n_kv_heads, max_len, cfg.head_dim)
@@ -56,37 +57,67 @@ def setup_for(name) -> Setup:
     return _cache[name]
 
 
-@pytest.mark.parametrize("name", SHAPES)
-def test_teacher_forced_logits_match_fp32_reference(name):
-    s = setup_for(name)
+def bf16_eager_errors(s: Setup, forced_ids: torch.Tensor, ref: torch.Tensor) -> list[float]:
+    """The same teacher-forced steps on the bf16 eager model (engine.model, bf16 weights, activations and KV
+    cache), rel L2 per step against the fp32 reference: what bf16 arithmetic alone costs at this shape."""
+    k, v = torch.nan_to_num(s.k16_0, nan=0.0), torch.nan_to_num(s.v16_0, nan=0.0)
+    return [rel(s.m16.forward(k, v, 0, forced_ids[j:j + 1].cuda(), PROMPT + j).float(), ref[j])
+            for j in range(len(ref))]
+
+
+def check_teacher_forced(s: Setup, name: str, steps: int = STEPS) -> None:
+    """Teacher-forced logits vs the fp32 reference at every step: rel L2 <= 1e-2 (shared/GPU.md), or, where bf16
+    eager arithmetic itself misses that at this shape, at most 1.25x the bf16 eager error; greedy picks a maximal
+    logit; KV written at the decoded positions only; a rerun bit-identical."""
     cfg = s.cfg
-    forced = s.ids[PROMPT:].tolist()
+    forced = s.ids[PROMPT:PROMPT + steps].tolist()
     ref = torch.stack([s.m32.forward(s.k32, s.v32, 0, s.ids[PROMPT + j:PROMPT + j + 1].cuda(), PROMPT + j)
-                       for j in range(STEPS)])
+                       for j in range(steps)])
     s.restore()
-    out = torch.full((STEPS, cfg.vocab_size), float("nan"), device="cuda")
+    out = torch.full((steps, cfg.vocab_size), float("nan"), device="cuda")
     t0 = time.perf_counter()
-    toks, reason = s.mk.run(0, forced[0], PROMPT, STEPS, forced=forced, logits_out=out)
+    toks, reason = s.mk.run(0, forced[0], PROMPT, steps, forced=forced, logits_out=out)
     dt = time.perf_counter() - t0
-    assert reason == "length" and len(toks) == STEPS
-    errs = [rel(out[j], ref[j]) for j in range(STEPS)]
-    print(f"\n{name}: teacher-forced rel L2 max {max(errs):.2e} mean {sum(errs) / len(errs):.2e} "
-          f"({STEPS} steps, {dt * 1e3:.1f} ms incl. launch)")
+    assert reason == "length" and len(toks) == steps
+    errs = [rel(out[j], ref[j]) for j in range(steps)]
+    tol = 1e-2
+    line = (f"\n{name}: teacher-forced rel L2 max {max(errs):.2e} mean {sum(errs) / len(errs):.2e} "
+            f"({steps} steps, {dt * 1e3:.1f} ms incl. launch)")
+    if max(errs) > tol:
+        eager = bf16_eager_errors(s, s.ids[PROMPT:PROMPT + steps], ref)
+        tol = max(tol, 1.25 * max(eager))
+        line += f"; bf16 eager: max {max(eager):.2e} mean {sum(eager) / len(eager):.2e}"
+    print(line)
     assert not torch.isnan(out).any()
-    assert max(errs) <= 1e-2, [(j, e) for j, e in enumerate(errs) if e > 1e-2][:5]
+    assert max(errs) <= tol, [(j, e) for j, e in enumerate(errs) if e > tol][:5]
     # the greedy sampler picked a maximal logit every step
     picked = out.gather(1, torch.tensor(toks, device="cuda")[:, None])[:, 0]
     assert torch.equal(picked, out.max(dim=1).values)
     # KV written at the decoded positions (bf16 vs fp32 reference), untouched beyond
-    end = PROMPT + STEPS
+    end = PROMPT + steps
     assert rel(s.k16[:, :, :, PROMPT:end].float(), s.k32[:, :, :, PROMPT:end]) < 1e-2
     assert rel(s.v16[:, :, :, PROMPT:end].float(), s.v32[:, :, :, PROMPT:end]) < 1e-2
     assert torch.isnan(s.k16[:, :, :, end:].float()).all() and torch.isnan(s.v16[:, :, :, end:].float()).all()
     # two runs are bit-identical (a moving result would be a race)
     s.restore()
     out2 = torch.full_like(out, float("nan"))
-    toks2, _ = s.mk.run(0, forced[0], PROMPT, STEPS, forced=forced, logits_out=out2)
+    toks2, _ = s.mk.run(0, forced[0], PROMPT, steps, forced=forced, logits_out=out2)
     assert torch.equal(out, out2) and toks == toks2
+
+
+@pytest.mark.parametrize("name", SHAPES + ["dense-2b"])   # dense-2b: head_dim 96
+def test_teacher_forced_logits_match_fp32_reference(name):
+    check_teacher_forced(setup_for(name), name)
+
+
+def test_head_dim_96_small_shape_matches_fp32_reference():
+    """head_dim 96 (12 16-byte chunks per V row: lanes 24-31 idle in the value sums) on a small Llama shape, where
+    bf16 rounding is far below the tolerance, so a wrong lane map cannot hide in it."""
+    from shapes import SHAPES as SMALL   # tests/gpu is on sys.path under pytest
+    cfg = SMALL["llama"].replace(head_dim=96, hidden_size=768, name="llama-small-hd96")
+    _cache.clear()
+    torch.cuda.empty_cache()
+    check_teacher_forced(Setup(cfg), cfg.name, steps=64)
 
 
 def test_long_context_8k():

@@ -31,9 +31,9 @@ def test_shape_checks(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda dev=None: (9, 0))
     import kernels.build as kb
     monkeypatch.setattr(kb, "find_nvcc", lambda: "/usr/bin/true")
-    for name in ("qwen2.5-coder-0.5b", "llama-3.2-1b", "qwen2.5-coder-1.5b"):
+    for name in ("qwen2.5-coder-0.5b", "llama-3.2-1b", "qwen2.5-coder-1.5b", "dense-2b"):   # head_dim 64, 128, 96
         assert MonokernelBackend.supported(preset(name), "cuda") == (True, "ok")
-    bad = {"head_dim": dict(head_dim=96), "group": dict(n_heads=36, n_kv_heads=2),
+    bad = {"head_dim": dict(head_dim=80), "group": dict(n_heads=36, n_kv_heads=2),
            "bias": dict(o_bias=True), "arch": dict(arch="mistral")}
     for what, kw in bad.items():
         ok, why = MonokernelBackend.supported(preset("llama-3.2-1b").replace(**kw), "cuda")
