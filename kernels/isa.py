@@ -56,15 +56,17 @@ SMEM_RED_FLOATS = 8192     # matvec partial sums per instruction: rows x items_p
 def mv_pipelined(k: int) -> bool:
     """Whether the pipelined matvec loop (two register sets of MV_UNROLL_PIPE chunks: the next batch's loads in
     flight during the current batch's arithmetic) suits row length k better than the one-set loop of MV_UNROLL
-    chunks: when its items waste no more load slots per row. Per-stage traces of session 5 (both loops, same
-    run): pipelined faster at K = 1536 (1.5B QKV, GATEUP, LM head) and 8960 (1.5B DOWN), slower at 896 (0.5B) and
-    2048 / 8192 (Llama-1B); at 4864 (0.5B DOWN) it was faster (3.06 vs 3.25 us) although this rule says no: a
-    heuristic, used only to weigh a model's stages (schedule.mv_pipelined_model)."""
+    chunks: when its items waste fewer load slots per row. Per-stage traces of session 5 (both loops, same run):
+    pipelined faster at K = 1536 (1.5B QKV, GATEUP, LM head) and 8960 (1.5B DOWN), slower at 896 (0.5B) and
+    2048 / 8192 (Llama-1B); at 4864 (0.5B DOWN) it was faster (3.06 vs 3.25 us) and at 8960 (equal waste) too,
+    although this rule says no. Equal waste counts for the one-set loop since session 15: dense-2b (K = 3072 and
+    12288, equal waste) ran 1,354 us/token one-set with the fused MLP, 1,358 one-set without, 1,383 pipelined
+    (same run). A heuristic, used only to weigh a model's stages (schedule.mv_pipelined_model)."""
     nch = k // 8
 
     def slots(u: int) -> int:
         return -(-nch // (32 * u)) * 32 * u
-    return slots(MV_UNROLL_PIPE) <= slots(MV_UNROLL)
+    return slots(MV_UNROLL_PIPE) < slots(MV_UNROLL)
 
 
 def counter_index(layer: int, which: int) -> int:
