@@ -139,6 +139,18 @@ MK_DEV float sum_sq4(float ss, const float4 a) {
     return fmaf(a.w, a.w, fmaf(a.z, a.z, fmaf(a.y, a.y, fmaf(a.x, a.x, ss))));
 }
 
+// rsqrt(mean of squares + eps) over a block's n rows from each thread's sum of squares ss: the warps' sums go to
+// scr[0 .. NW) and one barrier later every thread adds them up. Ends synced.
+MK_DEV float rms_factor(float ss, int n, float eps, float* scr) {
+    ss = warp_sum(ss);
+    if ((threadIdx.x & 31) == 0) scr[threadIdx.x >> 5] = ss;
+    __syncthreads();
+    float t = 0.f;
+#pragma unroll
+    for (int k = 0; k < NW; ++k) t += scr[k];
+    return rsqrtf(t / (float)n + eps);
+}
+
 // The RMSNorm input of a matvec with the scale left to its outputs (the matvec is linear): dst = src * w (swizzled)
 // and the warps' partial sums of squares in scr[0 .. NW); returns rsqrt(mean(src^2) + eps), the factor of every
 // output row. One pass and one barrier, where norm_vec needs three barriers and a second pass that reads w only
@@ -154,13 +166,7 @@ MK_DEV float norm_vec_scale(float* dst, const float* src, const float* w, int n,
         *(float4*)(dst + svx(i)) = make_float4(a.x * g.x, a.y * g.y, a.z * g.z, a.w * g.w);
         ss = sum_sq4(ss, a);
     }
-    ss = warp_sum(ss);
-    if ((threadIdx.x & 31) == 0) scr[threadIdx.x >> 5] = ss;
-    __syncthreads();
-    float t = 0.f;
-#pragma unroll
-    for (int k = 0; k < NW; ++k) t += scr[k];
-    return rsqrtf(t / (float)n + eps);
+    return rms_factor(ss, n, eps, scr);
 }
 
 // dst = RMSNorm(src) * w, fp32, n % 4 == 0, dst swizzled (svx). Ends synced.

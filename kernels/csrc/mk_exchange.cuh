@@ -137,9 +137,9 @@ MK_DEV bool xr_lane_wait_all(const MkParams& p, const int* ins, int step, int* s
 }
 
 // Delayed-mode RMSNorm input of a residual consumer (xr_norm): this lane's x + u of the stage it consumes, or with
-// lane_agg at the LM head the mean over lanes of RMSNorm(fin[lane]) (each lane's final state). Ends synced.
-MK_DEV void xr_lane_norm(const MkParams& p, float* dst, const float* w, int op, int layer,
-                                          float* scr) {
+// lane_agg at the LM head the mean over lanes of RMSNorm(fin[lane]) (each lane's final state). Returns the factor
+// the outputs still need (QKV / GATEUP: the RMS scale, as xr_norm; the LM head: 1). Ends synced.
+MK_DEV float xr_lane_norm(const MkParams& p, float* dst, const float* w, int op, int layer, float* scr) {
     const int n = p.d;
     if (op == MK_OP_LMHEAD && p.lane_agg) {
         const float* fin = p.recv + xr_fin_off(p);
@@ -157,23 +157,30 @@ MK_DEV void xr_lane_norm(const MkParams& p, float* dst, const float* w, int op, 
         }
         for (int i = threadIdx.x; i < n; i += NT) dst[svx(i)] = dst[svx(i)] / (float)p.tp_size * w[i];
         __syncthreads();
-        return;
+        return 1.f;
     }
     const int j = op == MK_OP_GATEUP ? layer : op == MK_OP_QKV ? layer - 1 : p.n_layers - 1;
     const int s = op == MK_OP_GATEUP ? 0 : 1;
     const float* own = p.recv + xr_off(p, j, s) + (size_t)p.tp_rank * n;
+    const bool scaled = op != MK_OP_LMHEAD;   // QKV / GATEUP leave the RMS factor to their outputs
     float ss = 0.f;
     for (int i = threadIdx.x * 4; i < n; i += NT * 4) {
         const float4 u = xr_lane_upd4(p, j, s, i, mk_ld_cg4((const float4*)(own + i)));
         float4 a = mk_ld_cg4((const float4*)(p.x + i));
         a.x += u.x; a.y += u.y; a.z += u.z; a.w += u.w;
-        *(float4*)(dst + svx(i)) = a;
         ss = sum_sq4(ss, a);
+        if (scaled) {
+            const float4 g = *(const float4*)(w + i);
+            a.x *= g.x; a.y *= g.y; a.z *= g.z; a.w *= g.w;
+        }
+        *(float4*)(dst + svx(i)) = a;
     }
+    if (scaled) return rms_factor(ss, n, p.eps, scr);
     ss = block_sum(ss, scr);
     const float r = rsqrtf(ss / (float)n + p.eps);
     for (int i = threadIdx.x; i < n; i += NT) dst[svx(i)] = dst[svx(i)] * r * w[i];
     __syncthreads();
+    return 1.f;
 }
 
 // Delayed-mode OPROJ / DOWN rows [a0, a0 + R): materialise the previous stage's update of this lane into x[rows],
@@ -243,9 +250,9 @@ MK_DEV bool xr_wait(const MkParams& p, const int* ins, int step, int* sflag) {
 }
 
 // dst = RMSNorm(x [+ sum of the pending partials]) * w over the d residual rows, dst swizzled (svx). Ends synced.
-// Returns the factor the matvec's outputs still need: with nothing pending (one GPU, tp = 1, the first stage), QKV
-// and GATEUP leave the RMS scale to their outputs (norm_vec_scale); everywhere else dst is fully normalised and the
-// factor is 1.
+// Returns the factor the matvec's outputs still need: QKV and GATEUP leave the RMS scale to their outputs (one pass,
+// one barrier: norm_vec_scale on one GPU, the same with the ranks' partials added under tensor parallelism); the LM
+// head's dst is fully normalised and the factor is 1.
 // The fused MLP schedule: QKV and LMHEAD normalise x + acc (the last MLP's output, mk_mlp.cuh).
 MK_DEV float xr_norm_of_x(const MkParams& p, float* dst, const float* w, int op, float* scr) {
     const unsigned long long* acc = kFusedMlp && (op == MK_OP_QKV || op == MK_OP_LMHEAD) ? p.acc : nullptr;
@@ -257,12 +264,12 @@ MK_DEV float xr_norm_of_x(const MkParams& p, float* dst, const float* w, int op,
 MK_DEV float xr_norm(const MkParams& p, float* dst, const float* w, int op, int layer, float* scr) {
     if (!kTP) return xr_norm_of_x(p, dst, w, op, scr);
     if (p.lane_mode != nullptr && (op != MK_OP_QKV || layer > 0)) {
-        xr_lane_norm(p, dst, w, op, layer, scr);
-        return 1.f;
+        return xr_lane_norm(p, dst, w, op, layer, scr);
     }
     const float* rb = xr_pending(p, op, layer);
     if (rb == nullptr) return xr_norm_of_x(p, dst, w, op, scr);   // as on one GPU: tp = 1 stays bit-identical
     const int n = p.d;
+    const bool scaled = op != MK_OP_LMHEAD;   // QKV / GATEUP leave the RMS factor to their outputs, as on one GPU
     float ss = 0.f;
     for (int i = threadIdx.x * 4; i < n; i += NT * 4) {
         float4 s = mk_ld_cg4((const float4*)(rb + i));
@@ -275,9 +282,14 @@ MK_DEV float xr_norm(const MkParams& p, float* dst, const float* w, int op, int 
         }
         float4 a = mk_ld_cg4((const float4*)(p.x + i));
         a.x += s.x; a.y += s.y; a.z += s.z; a.w += s.w;
-        *(float4*)(dst + svx(i)) = a;
         ss = sum_sq4(ss, a);
+        if (scaled) {
+            const float4 g = *(const float4*)(w + i);
+            a.x *= g.x; a.y *= g.y; a.z *= g.z; a.w *= g.w;
+        }
+        *(float4*)(dst + svx(i)) = a;
     }
+    if (scaled) return rms_factor(ss, n, p.eps, scr);
     ss = block_sum(ss, scr);
     const float r = rsqrtf(ss / (float)n + p.eps);
     for (int i = threadIdx.x; i < n; i += NT) dst[svx(i)] = dst[svx(i)] * r * w[i];
