@@ -170,7 +170,9 @@ HOST_WORDS = 8
 TRACE_WORDS = 6
 # Fused MLP: acc[] holds the MLP's output as int64 with this many fractional bits (|value| < 2^(63 - bits)).
 ACC_FRAC_BITS = 28
-REASONS = {1: "length", 2: "stop", 3: "cancelled", 4: "watchdog"}
+# no_token: the sampler found no finite logit (NaN or -inf everywhere): the launch stops instead of reading the
+# embedding row of a token that does not exist.
+REASONS = {1: "length", 2: "stop", 3: "cancelled", 4: "watchdog", 5: "no_token"}
 
 
 def _c_fields(fields) -> list[str]:

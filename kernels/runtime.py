@@ -36,6 +36,11 @@ class MkParams(ctypes.Structure):
     _fields_ = [(n, _ctype(k)) for n, k in isa.PARAM_FIELDS]
 
 
+def no_token_message(step: int) -> str:
+    return (f"monokernel: no finite logit at step {step} (every logit NaN or -inf; broken weights or an overflow): "
+            "the launch stopped there")
+
+
 _LIBS: dict[tuple[bool, bool, bool, int], ctypes.CDLL] = {}   # (tp, pipe, cluster, head_dim)
 
 
@@ -383,7 +388,7 @@ class Monokernel:
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Block until the launch ends; raises TimeoutError after timeout_s (the kernel keeps running) and
-        RuntimeError if the in-kernel watchdog aborted it."""
+        RuntimeError if the in-kernel watchdog aborted it or the sampler found no finite logit (no_token)."""
         if not self.running:
             return
         if timeout_s is not None:
@@ -396,6 +401,8 @@ class Monokernel:
         self.running = False
         if self.host_stat.arr[isa.HOST_REASON] == 4:
             raise RuntimeError(f"monokernel watchdog fired: {self.debug_state()}")
+        if self.reason() == "no_token":
+            raise RuntimeError(no_token_message(self.count()))
 
     def debug_state(self) -> dict:
         a = self.host_stat.arr

@@ -35,7 +35,7 @@ import time
 import torch
 
 from . import isa, schedule
-from .runtime import Monokernel, _check, _keeps_device, load_library
+from .runtime import Monokernel, _check, _keeps_device, load_library, no_token_message
 from .tp_local import kernel_plan, lane_kv_bounds, lane_plan, lane_rank_model, rank_model
 
 log = logging.getLogger("kernels")
@@ -326,7 +326,8 @@ class TPMonokernel:
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Block until every rank's launch ends; TimeoutError after timeout_s (kernels keep running), RuntimeError
-        when a watchdog fired (per-rank state: stuck counter by name and its value on every rank)."""
+        when a watchdog fired (per-rank state: stuck counter by name and its value on every rank) or the sampler
+        found no finite logit (every rank stops at the same step: they reduce the same records)."""
         if not self.running:
             return
         if timeout_s is not None:
@@ -342,6 +343,8 @@ class TPMonokernel:
         self.running = False
         if any(mk.reason() == "watchdog" for mk in self.ranks):
             raise RuntimeError(f"tp monokernel watchdog fired: {self.debug_state()}")
+        if any(mk.reason() == "no_token" for mk in self.ranks):
+            raise RuntimeError(no_token_message(self.ranks[0].count()))
 
     def rank_tokens(self, r: int) -> list[int]:
         mk = self.ranks[r]

@@ -53,6 +53,7 @@
 #define MK_REASON_STOP 2
 #define MK_REASON_CANCELLED 3
 #define MK_REASON_WATCHDOG 4
+#define MK_REASON_NO_TOKEN 5
 
 struct MkLayer {
     const float* ln1;

@@ -120,14 +120,16 @@ MK_DEV void op_sample(const MkParams& p, int step, float* sm, float* scr, int* s
         block_argmax(bv, bi, scr);
         tok = bi;
     }
-    int stop = cancelled ? MK_REASON_CANCELLED : 0;
-    if (!cancelled) {
+    // No candidate at all (every logit NaN or -inf) leaves tok outside the vocabulary: stop, write no token.
+    const bool none = !cancelled && (tok < 0 || tok >= p.vocab);
+    int stop = cancelled ? MK_REASON_CANCELLED : none ? MK_REASON_NO_TOKEN : 0;
+    if (!cancelled && !none) {
         for (int i = 0; i < p.n_stop; ++i)
             if (p.stop_ids[i] == tok) stop = MK_REASON_STOP;
         if (!stop && step == p.n_steps - 1) stop = MK_REASON_LENGTH;
     }
     if (threadIdx.x == 0) {
-        if (!cancelled) {
+        if (!cancelled && !none) {
             p.out_tokens[step] = tok;
             ((volatile int*)p.host_tokens)[step] = tok;
             __threadfence_system();

@@ -366,3 +366,24 @@ def test_fused_mlp_matches_reference_and_the_gateup_down_schedule(name):
     assert err_f <= 1e-2 and err_s <= 1e-2
     assert 0 < between <= 1e-3
     assert torch.equal(outs[0], outs[1])
+
+
+def test_no_finite_logit_stops_the_launch_and_the_next_one_runs():
+    """Every logit NaN (the final norm's gains poisoned): the sampler has no candidate, so the launch stops at that
+    step with reason no_token and a RuntimeError saying so, instead of reading the embedding row of a token that
+    does not exist (an illegal address would take the whole CUDA context down). The next launch runs normally."""
+    from shapes import SHAPES as SMALL   # tests/gpu is on sys.path under pytest
+    _cache.clear()
+    torch.cuda.empty_cache()
+    s = Setup(SMALL["qwen"])
+    gains = s.mk.final_norm.clone()
+    s.mk.final_norm.fill_(float("nan"))
+    tok = int(s.ids[PROMPT])
+    with pytest.raises(RuntimeError, match="no finite logit at step 0"):
+        s.mk.run(0, tok, PROMPT, 8)
+    assert s.mk.reason() == "no_token" and s.mk.count() == 0
+    s.mk.final_norm.copy_(gains)
+    s.restore()
+    toks, reason = s.mk.run(0, tok, PROMPT, 8)
+    torch.cuda.synchronize()
+    assert reason == "length" and len(toks) == 8 and all(0 <= t < s.cfg.vocab_size for t in toks)
