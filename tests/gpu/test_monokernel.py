@@ -49,11 +49,18 @@ class Setup:
 _cache: dict[str, Setup] = {}
 
 
+HD96 = "llama-small-hd96"   # tests/gpu/shapes.py's small Llama with head_dim 96 (setup_for builds it)
+
+
 def setup_for(name) -> Setup:
     if name not in _cache:
         _cache.clear()
         torch.cuda.empty_cache()
-        _cache[name] = Setup(name)
+        if name == HD96:
+            from shapes import SHAPES as SMALL   # tests/gpu is on sys.path under pytest
+            _cache[name] = Setup(SMALL["llama"].replace(head_dim=96, hidden_size=768, name=HD96))
+        else:
+            _cache[name] = Setup(name)
     return _cache[name]
 
 
@@ -113,11 +120,7 @@ def test_teacher_forced_logits_match_fp32_reference(name):
 def test_head_dim_96_small_shape_matches_fp32_reference():
     """head_dim 96 (12 16-byte chunks per V row: lanes 24-31 idle in the value sums) on a small Llama shape, where
     bf16 rounding is far below the tolerance, so a wrong lane map cannot hide in it."""
-    from shapes import SHAPES as SMALL   # tests/gpu is on sys.path under pytest
-    cfg = SMALL["llama"].replace(head_dim=96, hidden_size=768, name="llama-small-hd96")
-    _cache.clear()
-    torch.cuda.empty_cache()
-    check_teacher_forced(Setup(cfg), cfg.name, steps=64)
+    check_teacher_forced(setup_for(HD96), HD96, steps=64)
 
 
 def test_long_context_8k():
@@ -250,7 +253,7 @@ def test_attention_split_length_only_changes_rounding(name):
 
 
 @pytest.mark.parametrize("cs", [8, 16])
-@pytest.mark.parametrize("name", SHAPES)
+@pytest.mark.parametrize("name", SHAPES + [HD96])
 def test_attention_clusters_match_the_default_launch(name, cs):
     """Monokernel(attn_cluster=cs): clusters of cs CTAs (16: the non-portable size), each kv head's cs attention
     splits on one cluster, combined over distributed shared memory. With splits of 128 / cs positions (from half
