@@ -93,7 +93,12 @@ def main(argv=None) -> int:
             tp = TPMonokernel(model, devs, max_len=max_len, slots=1, max_steps=STEPS + 1)
             kk, vv = k, v
         else:
-            lcfg = lane_config_like(cfg, n, broadcast_delay=args.lane_delay)
+            try:
+                lcfg = lane_config_like(cfg, n, broadcast_delay=args.lane_delay)
+            except ValueError as e:   # the lanes must divide the heads, FFN width and vocabulary
+                log(f"delayed x{n}: not run: {e}")
+                out["runs"].append({"what": f"delayed x{n}", "not_run": str(e)})
+                continue
             lanes = LaneModel(lcfg, random_lane_weights_on(lcfg, device="cuda:0", seed=0))
             lshape = (1, lcfg.num_layers, lcfg.num_kv_heads, max_len, lcfg.head_dim)
             kk = torch.randn(lshape, generator=g, device="cuda:0").bfloat16()
@@ -106,6 +111,9 @@ def main(argv=None) -> int:
     log("")
     log(f"{'run':<60} {'layer us (rank 0 / max)':>24} {'step us':>9}  stage hop+span, rank 0")
     for row in out["runs"]:
+        if "not_run" in row:
+            log(f"{row['what']:<60} not run: {row['not_run']}")
+            continue
         st = row["stages_rank0"]
         parts = " ".join(f"{op} {t['hop_us'] + t['span_us']:.1f}" for op, t in st.items())
         log(f"{row['what'][:60]:<60} {row['layer_us'][0]:>11.1f} / {max(row['layer_us']):>10.1f} "
