@@ -36,6 +36,11 @@ class MkParams(ctypes.Structure):
     _fields_ = [(n, _ctype(k)) for n, k in isa.PARAM_FIELDS]
 
 
+def smem_optin(props) -> int:
+    """Dynamic shared memory a CTA may use on a GPU (torch device properties), less 1 KB of static headroom."""
+    return getattr(props, "shared_memory_per_block_optin", 227 * 1024) - 1024
+
+
 def no_token_message(step: int) -> str:
     return (f"monokernel: no finite logit at step {step} (every logit NaN or -inf; broken weights or an overflow): "
             "the launch stopped there")
@@ -164,7 +169,7 @@ class Monokernel:
         # in before its wait (attn_prefetch); longer splits go through it in chunks of kv_stage_pos positions.
         # Capacity: max(128, max_len / n_splits) positions, bounded by the SM's shared memory.
         max_len = k_cache.shape[3]
-        optin = getattr(props, "shared_memory_per_block_optin", 227 * 1024) - 1024   # static smem headroom
+        optin = smem_optin(props)
         try:
             self.smem_layout = lay = smem_layout(self.sched, max_len, optin)
         except ValueError as e:

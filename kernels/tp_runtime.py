@@ -35,7 +35,7 @@ import time
 import torch
 
 from . import isa, schedule
-from .runtime import Monokernel, _check, _keeps_device, load_library, no_token_message
+from .runtime import Monokernel, _check, _keeps_device, load_library, no_token_message, smem_optin
 from .tp_local import kernel_plan, lane_kv_bounds, lane_plan, lane_rank_model, rank_model
 
 log = logging.getLogger("kernels")
@@ -121,7 +121,8 @@ class TPMonokernel:
         if vp:
             sch = [schedule.build(schedule.Dims.of(self._local_cfg(r)), n_sm) for r in range(N)]
             n_rec = sum(sc.n_lm for sc in sch)
-            room = min(schedule.smem_layout(sc, max_len, self._optin(r)).sampler_floats for r, sc in enumerate(sch))
+            optin = [smem_optin(torch.cuda.get_device_properties(dv)) for dv in self.devices]
+            room = min(schedule.smem_layout(sc, max_len, o).sampler_floats for sc, o in zip(sch, optin))
             if not schedule.sampler_fits(n_rec, room):
                 log.warning("tp monokernel: replicated LM head: %d LM-head records over %d ranks do not fit the "
                             "sampler's shared memory (%d floats)", n_rec, N, room)
@@ -188,11 +189,6 @@ class TPMonokernel:
     def describe(self) -> str:
         """The split: exact mode's shard plan or delayed mode's lane plan."""
         return self.lanes.describe() if self.lanes is not None else self.plan.describe()
-
-    def _optin(self, r: int) -> int:
-        """Shared memory a CTA may use on rank r's GPU (as runtime.Monokernel reserves it)."""
-        props = torch.cuda.get_device_properties(self.devices[r])
-        return getattr(props, "shared_memory_per_block_optin", 227 * 1024) - 1024
 
     def _local_cfg(self, r: int):
         from .tp_local import local_cfg
