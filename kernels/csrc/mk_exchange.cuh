@@ -136,6 +136,27 @@ MK_DEV bool xr_lane_wait_all(const MkParams& p, const int* ins, int step, int* s
     return ok;
 }
 
+// Rows i..i+3 of a residual consumer's norm input (xr_norm, xr_lane_norm): a times w when the RMS factor is left to
+// the outputs (scaled: QKV / GATEUP); a as it is for the LM head, which xr_norm_finish normalises in place.
+MK_DEV void xr_norm_store(float* dst, const float* w, int i, float4 a, bool scaled) {
+    if (scaled) {
+        const float4 g = *(const float4*)(w + i);
+        a.x *= g.x; a.y *= g.y; a.z *= g.z; a.w *= g.w;
+    }
+    *(float4*)(dst + svx(i)) = a;
+}
+
+// The end of those norms, from each thread's sum of squares ss: scaled, the RMS factor for the outputs (one
+// barrier); else dst normalised in place and 1. Ends synced.
+MK_DEV float xr_norm_finish(const MkParams& p, float* dst, const float* w, float ss, bool scaled, float* scr) {
+    if (scaled) return rms_factor(ss, p.d, p.eps, scr);
+    ss = block_sum(ss, scr);
+    const float r = rsqrtf(ss / (float)p.d + p.eps);
+    for (int i = threadIdx.x; i < p.d; i += NT) dst[svx(i)] = dst[svx(i)] * r * w[i];
+    __syncthreads();
+    return 1.f;
+}
+
 // Delayed-mode RMSNorm input of a residual consumer (xr_norm): this lane's x + u of the stage it consumes, or with
 // lane_agg at the LM head the mean over lanes of RMSNorm(fin[lane]) (each lane's final state). Returns the factor
 // the outputs still need (QKV / GATEUP: the RMS scale, as xr_norm; the LM head: 1). Ends synced.
@@ -169,18 +190,9 @@ MK_DEV float xr_lane_norm(const MkParams& p, float* dst, const float* w, int op,
         float4 a = mk_ld_cg4((const float4*)(p.x + i));
         a.x += u.x; a.y += u.y; a.z += u.z; a.w += u.w;
         ss = sum_sq4(ss, a);
-        if (scaled) {
-            const float4 g = *(const float4*)(w + i);
-            a.x *= g.x; a.y *= g.y; a.z *= g.z; a.w *= g.w;
-        }
-        *(float4*)(dst + svx(i)) = a;
+        xr_norm_store(dst, w, i, a, scaled);
     }
-    if (scaled) return rms_factor(ss, n, p.eps, scr);
-    ss = block_sum(ss, scr);
-    const float r = rsqrtf(ss / (float)n + p.eps);
-    for (int i = threadIdx.x; i < n; i += NT) dst[svx(i)] = dst[svx(i)] * r * w[i];
-    __syncthreads();
-    return 1.f;
+    return xr_norm_finish(p, dst, w, ss, scaled, scr);
 }
 
 // Delayed-mode OPROJ / DOWN rows [a0, a0 + R): materialise the previous stage's update of this lane into x[rows],
@@ -283,18 +295,9 @@ MK_DEV float xr_norm(const MkParams& p, float* dst, const float* w, int op, int 
         float4 a = mk_ld_cg4((const float4*)(p.x + i));
         a.x += s.x; a.y += s.y; a.z += s.z; a.w += s.w;
         ss = sum_sq4(ss, a);
-        if (scaled) {
-            const float4 g = *(const float4*)(w + i);
-            a.x *= g.x; a.y *= g.y; a.z *= g.z; a.w *= g.w;
-        }
-        *(float4*)(dst + svx(i)) = a;
+        xr_norm_store(dst, w, i, a, scaled);
     }
-    if (scaled) return rms_factor(ss, n, p.eps, scr);
-    ss = block_sum(ss, scr);
-    const float r = rsqrtf(ss / (float)n + p.eps);
-    for (int i = threadIdx.x; i < n; i += NT) dst[svx(i)] = dst[svx(i)] * r * w[i];
-    __syncthreads();
-    return 1.f;
+    return xr_norm_finish(p, dst, w, ss, scaled, scr);
 }
 
 // OPROJ / DOWN output of rows [a0, a0 + R) (out: shared memory). Single GPU: x[rows] += out. Tensor parallel:
