@@ -6,7 +6,7 @@ with the tensor-parallel exchange compiled out (-DMK_TP=0), with the one-set mat
 pipelined one (-DMK_MV_PIPE=1; the runtime picks per model, schedule.mv_pipelined_model), either with cluster=True
 (-DMK_CLUSTER=1: the attention combined inside thread-block clusters, Monokernel(attn_cluster=...)), and tp=True
 (kernels/tp_runtime.py; one-set loop). Each is built for one attention head size (head_dim in isa.HEAD_DIMS:
--DMK_HEAD_DIM), so the kernel holds one attention path (a smaller kernel); head_dim 0 builds the 64 and 128 paths.
+-DMK_HEAD_DIM), so the kernel holds one attention path (a smaller kernel).
 """
 from __future__ import annotations
 
@@ -38,31 +38,31 @@ def find_nvcc() -> str | None:
     return None
 
 
-def variant_flags(tp: bool, pipe: bool = False, cluster: bool = False, head_dim: int = 0) -> tuple[str, ...]:
+def variant_flags(tp: bool, pipe: bool = False, cluster: bool = False, *, head_dim: int) -> tuple[str, ...]:
     if tp and pipe:
         raise ValueError("the tensor-parallel build has the one-set matvec loop only")
     if tp and cluster:
         raise ValueError("the tensor-parallel build has no cluster attention")
-    if head_dim != 0 and head_dim not in isa.HEAD_DIMS:
+    if head_dim not in isa.HEAD_DIMS:
         raise ValueError(f"head_dim {head_dim}: the kernel has attention for {', '.join(map(str, isa.HEAD_DIMS))}")
     return (f"-DMK_TP={int(tp)}", f"-DMK_MV_PIPE={int(pipe)}", f"-DMK_CLUSTER={int(cluster)}",
             f"-DMK_HEAD_DIM={head_dim}")
 
 
-def source_hash(tp: bool = False, pipe: bool = False, cluster: bool = False, head_dim: int = 0) -> str:
+def source_hash(tp: bool = False, pipe: bool = False, cluster: bool = False, *, head_dim: int) -> str:
     h = hashlib.sha256()
     for name in SOURCES:
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
     h.update(isa.render_header().encode())
-    h.update(" ".join((ARCH,) + FLAGS + variant_flags(tp, pipe, cluster, head_dim)).encode())
+    h.update(" ".join((ARCH,) + FLAGS + variant_flags(tp, pipe, cluster, head_dim=head_dim)).encode())
     return h.hexdigest()[:16]
 
 
-def build(verbose: bool = False, tp: bool = False, pipe: bool = False, cluster: bool = False,
-          head_dim: int = 0) -> Path:
+def build(verbose: bool = False, tp: bool = False, pipe: bool = False, cluster: bool = False, *,
+          head_dim: int) -> Path:
     """-> path of libmonokernel.so of the variant (built if the cache has none for these sources)."""
-    out_dir = cache_root() / source_hash(tp, pipe, cluster, head_dim)
+    out_dir = cache_root() / source_hash(tp, pipe, cluster, head_dim=head_dim)
     lib = out_dir / "libmonokernel.so"
     if lib.exists():
         return lib
@@ -74,10 +74,10 @@ def build(verbose: bool = False, tp: bool = False, pipe: bool = False, cluster: 
     # always the one kernels/isa.py describes (tests check the checked-in copy matches too).
     (out_dir / "mk_isa.h").write_text(isa.render_header())
     tmp = out_dir / f"libmonokernel.{os.getpid()}.so"
-    cmd = [nvcc, ARCH, *FLAGS, *variant_flags(tp, pipe, cluster, head_dim), f"-I{out_dir}", f"-I{CSRC}", "-o", str(tmp),
-           str(CSRC / "monokernel.cu")]
+    cmd = [nvcc, ARCH, *FLAGS, *variant_flags(tp, pipe, cluster, head_dim=head_dim), f"-I{out_dir}", f"-I{CSRC}",
+           "-o", str(tmp), str(CSRC / "monokernel.cu")]
     what = ("tensor-parallel monokernel" if tp else "monokernel (pipelined matvec)" if pipe else "monokernel") + \
-        (" with cluster attention" if cluster else "") + (f" for head_dim {head_dim}" if head_dim else "")
+        (" with cluster attention" if cluster else "") + f" for head_dim {head_dim}"
     print(f"[kernels] building {what} with nvcc into {out_dir} ...", file=sys.stderr, flush=True)
     t0 = time.time()
     res = subprocess.run(cmd, capture_output=True, text=True)

@@ -49,10 +49,9 @@ def no_token_message(step: int) -> str:
 _LIBS: dict[tuple[bool, bool, bool, int], ctypes.CDLL] = {}   # (tp, pipe, cluster, head_dim)
 
 
-def load_library(tp: bool = False, pipe: bool = False, cluster: bool = False, head_dim: int = 0) -> ctypes.CDLL:
+def load_library(tp: bool = False, pipe: bool = False, cluster: bool = False, *, head_dim: int) -> ctypes.CDLL:
     """The one-GPU build (pipe: with the pipelined matvec loop; cluster: with the attention combined inside
-    thread-block clusters), or with tp the tensor-parallel one, for one attention head size (0: both)
-    (kernels/build.py)."""
+    thread-block clusters), or with tp the tensor-parallel one, for one attention head size (kernels/build.py)."""
     key = (tp, pipe, cluster, head_dim)
     if key not in _LIBS:
         lib = ctypes.CDLL(str(build(tp=tp, pipe=pipe, cluster=cluster, head_dim=head_dim)))
@@ -137,7 +136,7 @@ class Monokernel:
         pipe = not tp_build and (mv_loop == "pipelined" or
                                  (mv_loop == "auto" and mv_pipelined_model(Dims.of(model.cfg))))
         self.mv_loop = "pipelined" if pipe else "one-set"
-        self.lib = lib = load_library(tp_build, pipe, attn_cluster > 0, model.cfg.head_dim)
+        self.lib = lib = load_library(tp_build, pipe, attn_cluster > 0, head_dim=model.cfg.head_dim)
         self.model, self.cfg = model, model.cfg
         dev = model.device
         self.device = dev

@@ -25,17 +25,9 @@
 #if MK_CLUSTER && MK_TP
 #error "the tensor-parallel build has no cluster attention"
 #endif
-#ifndef MK_HEAD_DIM
-#define MK_HEAD_DIM 0   // 64, 96 or 128: the one attention head size this build runs (kernels/build.py); 0: 64 and 128
-#endif
-#if MK_HEAD_DIM != 0 && MK_HEAD_DIM != 64 && MK_HEAD_DIM != 96 && MK_HEAD_DIM != 128
-#error "MK_HEAD_DIM must be 0, 64, 96 or 128"
-#endif
-// f<head_dim>(...) for this launch's head size (a build for one head size holds only that attention path).
-#if MK_HEAD_DIM
-#define MK_ATTN_HD(p, f, ...) f<MK_HEAD_DIM>(__VA_ARGS__)
-#else
-#define MK_ATTN_HD(p, f, ...) ((p).head_dim == 64 ? f<64>(__VA_ARGS__) : f<128>(__VA_ARGS__))
+// MK_HEAD_DIM: the one attention head size this build runs (kernels/build.py; isa.HEAD_DIMS).
+#if MK_HEAD_DIM != 64 && MK_HEAD_DIM != 96 && MK_HEAD_DIM != 128
+#error "MK_HEAD_DIM must be 64, 96 or 128"
 #endif
 #if MK_MV_PIPE
 #define U MK_MV_UNROLL_PIPE
@@ -148,7 +140,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             if (pre) mv_load(m, R, K, threadIdx.x >> 5, w, cb);   // in flight while we wait
             if (p.prefetch_bytes > 0) prefetch_instr(p, ins);
             if (op == MK_OP_ATTN) {   // cached K/V rows in flight while we wait, like a matvec's weights
-                MK_ATTN_HD(p, attn_prefetch, p, ins, pos, sm);
+                attn_prefetch<MK_HEAD_DIM>(p, ins, pos, sm);
             }
             trace(p, step, ii, 0);
             if (!xr_wait(p, ins, step, sflag)) return;
@@ -160,7 +152,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
 #endif
             trace(p, step, ii, 1);
             if (op == MK_OP_ATTN) {
-                const int r = MK_ATTN_HD(p, op_attn, p, ins, ii, step, pos, sm, sflag);
+                const int r = op_attn<MK_HEAD_DIM>(p, ins, ii, step, pos, sm, sflag);
                 if (r < 0) return;   // aborted (watchdog) while waiting for the head's partials
 #if MK_CLUSTER
                 cl_pending = r > 0;
@@ -289,7 +281,7 @@ int mk_start(const MkParams* p, int grid, int smem, void* stream) {
     if (e != cudaSuccess) return (int)e;
     MkParams local = *p;
     if ((p->attn_cluster > 0) != (MK_CLUSTER != 0)) return (int)cudaErrorInvalidValue;   // library / launch mismatch
-    if (MK_HEAD_DIM != 0 && p->head_dim != MK_HEAD_DIM) return (int)cudaErrorInvalidValue;   // another head size
+    if (p->head_dim != MK_HEAD_DIM) return (int)cudaErrorInvalidValue;   // another head size
     if (p->attn_cluster > 0) {
         // Clusters of attn_cluster CTAs. Not a cooperative launch: the host checked with mk_max_clusters that the
         // whole grid is resident at once, which the spin waits need.

@@ -10,36 +10,37 @@ from kernels import build
 def test_every_variant_has_its_own_cache_entry():
     keys = [(tp, pipe, cl, hd) for tp, pipe, cl in ((False, False, False), (False, True, False), (True, False, False),
                                                      (False, False, True), (False, True, True))
-            for hd in (0, 64, 96, 128)]   # (tp, pipelined loop, cluster attention, head size: 0 = 64 and 128)
-    assert len({build.source_hash(*k) for k in keys}) == len(keys)
-    assert build.source_hash() == build.source_hash(False, False, False, 0)
+            for hd in (64, 96, 128)]   # (tp, pipelined loop, cluster attention, head size)
+    assert len({build.source_hash(*k[:3], head_dim=k[3]) for k in keys}) == len(keys)
+    assert build.source_hash(head_dim=64) == build.source_hash(False, False, False, head_dim=64)
 
 
 def test_a_build_holds_one_attention_head_size():
     assert "-DMK_HEAD_DIM=64" in build.variant_flags(False, head_dim=64)
     assert "-DMK_HEAD_DIM=96" in build.variant_flags(True, head_dim=96)
-    assert "-DMK_HEAD_DIM=0" in build.variant_flags(False)
-    with pytest.raises(ValueError, match="64, 96, 128"):
-        build.variant_flags(False, head_dim=80)
+    for hd in (0, 80):
+        with pytest.raises(ValueError, match="64, 96, 128"):
+            build.variant_flags(False, head_dim=hd)
 
 
 def test_flags_name_the_loop_and_refuse_what_cannot_build():
-    assert "-DMK_MV_PIPE=1" in build.variant_flags(False, True)
-    assert "-DMK_MV_PIPE=0" in build.variant_flags(True)
-    assert "-DMK_CLUSTER=1" in build.variant_flags(False, False, True)
-    assert "-DMK_CLUSTER=0" in build.variant_flags(False)
+    assert "-DMK_MV_PIPE=1" in build.variant_flags(False, True, head_dim=64)
+    assert "-DMK_MV_PIPE=0" in build.variant_flags(True, head_dim=64)
+    assert "-DMK_CLUSTER=1" in build.variant_flags(False, False, True, head_dim=64)
+    assert "-DMK_CLUSTER=0" in build.variant_flags(False, head_dim=64)
     with pytest.raises(ValueError, match="one-set matvec loop only"):
-        build.variant_flags(True, True)
+        build.variant_flags(True, True, head_dim=64)
     with pytest.raises(ValueError, match="no cluster attention"):
-        build.variant_flags(True, False, True)
+        build.variant_flags(True, False, True, head_dim=64)
 
 
 @pytest.mark.skipif(build.find_nvcc() is None, reason="needs nvcc (preprocessor only, no GPU)")
-@pytest.mark.parametrize("tp,pipe,cl,hd,why", [(0, 0, 0, 0, ""), (0, 1, 0, 128, ""), (1, 0, 0, 64, ""),
-                                                (0, 0, 1, 64, ""), (0, 1, 1, 0, ""),
-                                                (1, 1, 0, 0, "one-set loop only"), (1, 0, 1, 0, "no cluster attention"),
+@pytest.mark.parametrize("tp,pipe,cl,hd,why", [(0, 0, 0, 64, ""), (0, 1, 0, 128, ""), (1, 0, 0, 64, ""),
+                                                (0, 0, 1, 64, ""), (0, 1, 1, 128, ""),
+                                                (1, 1, 0, 64, "one-set loop only"), (1, 0, 1, 64, "no cluster attention"),
                                                 (1, 0, 0, 96, ""), (0, 1, 0, 96, ""),
-                                                (0, 0, 0, 80, "MK_HEAD_DIM must be 0, 64, 96 or 128")])
+                                                (0, 0, 0, 0, "MK_HEAD_DIM must be 64, 96 or 128"),
+                                                (0, 0, 0, 80, "MK_HEAD_DIM must be 64, 96 or 128")])
 def test_the_source_refuses_what_the_tensor_parallel_build_cannot_hold(tmp_path, tp, pipe, cl, hd, why):
     from kernels import isa
     (tmp_path / "mk_isa.h").write_text(isa.render_header())
