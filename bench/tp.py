@@ -49,6 +49,26 @@ HBM_BYTES_PER_S = 4.29e12     # read-only bandwidth measured on the H200 (shared
 MONOKERNEL_ROWS = ("monokernel-1gpu", "monokernel-exact", "monokernel-delayed")
 
 
+def random_kv(shape, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """A random bf16 K and V cache of `shape` on cuda:0, drawn from g in that order."""
+    k = torch.randn(shape, generator=g, device="cuda:0").bfloat16()
+    return k, torch.randn(shape, generator=g, device="cuda:0").bfloat16()
+
+
+def random_dense(cfg: ModelConfig, max_len: int, g: torch.Generator) -> tuple[Model, torch.Tensor, torch.Tensor]:
+    """The benches' dense model on cuda:0 (random_fill, seed 0) and its random KV cache of one slot (from g)."""
+    model = random_fill(Model(cfg, device="cuda:0", dtype=torch.bfloat16, max_len=max_len), seed=0)
+    return (model, *random_kv((1, cfg.n_layers, cfg.n_kv_heads, max_len, cfg.head_dim), g))
+
+
+def random_lanes(lcfg, max_len: int, g: torch.Generator):
+    """-> (LaneModel of LaneConfig lcfg with random weights (seed 0) on cuda:0, its random lane-major K, V)."""
+    from engine.lanes import LaneModel
+    from kernels.testing import random_lane_weights_on
+    lanes = LaneModel(lcfg, random_lane_weights_on(lcfg, device="cuda:0", seed=0))
+    return (lanes, *random_kv((1, lcfg.num_layers, lcfg.num_kv_heads, max_len, lcfg.head_dim), g))
+
+
 def backend_row(backend: str, cfg: ModelConfig, args) -> dict:
     """One benchmark row for `backend` in MONOKERNEL_ROWS:
       "monokernel-1gpu"    the single-GPU persistent kernel, through the Backend contract;
@@ -141,11 +161,7 @@ def _time_tp_monokernel(cfg: ModelConfig, args) -> dict:
     max_len = args.ctx + max(args.tokens, args.warmup, 16) + 64
     n = args.gpus
     try:
-        model = random_fill(Model(cfg, device="cuda:0", dtype=torch.bfloat16, max_len=max_len), seed=0)
-        shape = (1, cfg.n_layers, cfg.n_kv_heads, max_len, cfg.head_dim)
-        g = torch.Generator(device="cuda:0").manual_seed(1)
-        k = torch.randn(shape, generator=g, device="cuda:0").bfloat16()
-        v = torch.randn(shape, generator=g, device="cuda:0").bfloat16()
+        model, k, v = random_dense(cfg, max_len, torch.Generator(device="cuda:0").manual_seed(1))
         tok0 = 1234 % cfg.vocab_size
 
         def timed(eng, restore) -> float:
@@ -198,9 +214,8 @@ def _time_tp_delayed(cfg: ModelConfig, args) -> dict:
     single-GPU Monokernel on a dense model of cfg timed the same way in this run (one launch of args.tokens greedy
     steps from position ctx over a random KV context, median of args.reps after a warm-up launch); the exchange
     wait is the kernel-measured time CTAs spent waiting for peers' partials (per token)."""
-    from engine.lanes import LaneModel
     from kernels.runtime import Monokernel
-    from kernels.testing import lane_config_like, random_lane_weights_on
+    from kernels.testing import lane_config_like
     from kernels.tp_runtime import TPMonokernel
     n = args.gpus
     steps = max(args.tokens, args.warmup, 16) + 1
@@ -213,19 +228,13 @@ def _time_tp_delayed(cfg: ModelConfig, args) -> dict:
     try:
         lcfg = lane_config_like(cfg, n, broadcast_delay=args.lane_delay)
         g = torch.Generator(device="cuda:0").manual_seed(1)
-        model = random_fill(Model(cfg, device="cuda:0", dtype=torch.bfloat16, max_len=max_len), seed=0)
-        shape = (1, cfg.n_layers, cfg.n_kv_heads, max_len, cfg.head_dim)
-        k = torch.randn(shape, generator=g, device="cuda:0").bfloat16()
-        v = torch.randn(shape, generator=g, device="cuda:0").bfloat16()
+        model, k, v = random_dense(cfg, max_len, g)
         k1, v1 = k.clone(), v.clone()
         mk = Monokernel(model, k1, v1, max_steps=steps)
         us1 = timed(mk, lambda: (k1.copy_(k), v1.copy_(v)))
         del mk, k1, v1, model, k, v
         torch.cuda.empty_cache()
-        lanes = LaneModel(lcfg, random_lane_weights_on(lcfg, device="cuda:0", seed=0))
-        lshape = (1, lcfg.num_layers, lcfg.num_kv_heads, max_len, lcfg.head_dim)
-        k = torch.randn(lshape, generator=g, device="cuda:0").bfloat16()
-        v = torch.randn(lshape, generator=g, device="cuda:0").bfloat16()
+        lanes, k, v = random_lanes(lcfg, max_len, g)
         tp = TPMonokernel(lanes, [f"cuda:{i}" for i in range(n)], max_len=max_len, slots=1, max_steps=steps,
                           mode="delayed")
         us = timed(tp, lambda: tp.load_cache(k, v))

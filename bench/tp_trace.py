@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from bench.mk_trace import format_table, stage_table  # noqa: E402
-from bench.tp_peer import SHAPES, log, random_fill  # noqa: E402
-from engine.model import Model  # noqa: E402
+from bench.tp import random_dense, random_lanes  # noqa: E402
+from bench.tp_peer import SHAPES, log  # noqa: E402
 
 STEPS = 24      # steps per launch; the traced one is in the middle (caches warm, no start-up effects)
 
@@ -57,9 +57,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available() or torch.cuda.device_count() < args.gpus or args.gpus < 2:
         print(f"bench/tp_trace.py --gpus {args.gpus} needs that many (>= 2) CUDA GPUs", file=sys.stderr)
         return 2
-    from engine.lanes import LaneModel
     from kernels.runtime import Monokernel
-    from kernels.testing import lane_config_like, random_lane_weights_on
+    from kernels.testing import lane_config_like
     from kernels.tp_runtime import TPMonokernel
     cfg = SHAPES[args.shape]()
     n, step = args.gpus, STEPS // 2
@@ -67,10 +66,7 @@ def main(argv=None) -> int:
     tok0 = 1234 % cfg.vocab_size
     devs = [f"cuda:{i}" for i in range(n)]
     g = torch.Generator(device="cuda:0").manual_seed(1)
-    model = random_fill(Model(cfg, device="cuda:0", dtype=torch.bfloat16, max_len=max_len), seed=0)
-    shape = (1, cfg.n_layers, cfg.n_kv_heads, max_len, cfg.head_dim)
-    k = torch.randn(shape, generator=g, device="cuda:0").bfloat16()
-    v = torch.randn(shape, generator=g, device="cuda:0").bfloat16()
+    model, k, v = random_dense(cfg, max_len, g)
     out = {"bench": "tp_trace", "shape": args.shape, "gpus": n, "ctx": args.ctx, "traced_step": step, "runs": []}
 
     def report(what: str, tabs: list[dict], wait: dict | None) -> None:
@@ -99,10 +95,7 @@ def main(argv=None) -> int:
                 log(f"delayed x{n}: not run: {e}")
                 out["runs"].append({"what": f"delayed x{n}", "not_run": str(e)})
                 continue
-            lanes = LaneModel(lcfg, random_lane_weights_on(lcfg, device="cuda:0", seed=0))
-            lshape = (1, lcfg.num_layers, lcfg.num_kv_heads, max_len, lcfg.head_dim)
-            kk = torch.randn(lshape, generator=g, device="cuda:0").bfloat16()
-            vv = torch.randn(lshape, generator=g, device="cuda:0").bfloat16()
+            lanes, kk, vv = random_lanes(lcfg, max_len, g)
             tp = TPMonokernel(lanes, devs, max_len=max_len, slots=1, max_steps=STEPS + 1, mode="delayed")
         tabs = traced(tp, lambda: tp.load_cache(kk, vv), tok0, args.ctx, step, tp.ranks)
         report(f"{mode} x{n} ({tp.describe()})", tabs, tp.exchange_wait_us())
