@@ -205,7 +205,9 @@ def oproj_rows(dims: Dims, n_sm: int, n_splits: int, rows: int) -> int:
     """Rows per OPROJ instruction. The low ATTN splits hold the positions at short contexts (mk_attention.cuh:
     attn_splits) and each of them merges a slice of its head after the others, so an OPROJ on their SMs starts late
     with its weights still on the way while the idle splits' SMs wait with theirs loaded. When the other SMs can take
-    every OPROJ row with at most a quarter more rows each, the rows are spread over them only."""
+    every OPROJ row with at most a quarter more rows each, the rows are spread over them only. Models with more busy
+    splits (1.5B: 32 per kv head) keep OPROJ on some busy SMs: 23 rows on the 67 free ones was slower (bench/NOTES.md,
+    session 16, 65)."""
     free = n_sm - dims.n_kv * min(n_splits, KEEP_SPLITS)
     if free <= 0:
         return rows
@@ -313,6 +315,8 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
             for ins in attn:
                 sched.per_sm[(layer * dims.n_kv + ins[2]) % (n_sm // cluster) * cluster + ins[3]].append(ins)
             cursor += len(attn)
+            # round-robin, the attention SMs included: OPROJ only on the other SMs was slower (bench/NOTES.md,
+            # session 16, 65: the OPROJ CTAs that trail behind a merge give the MLP's early loads time to land)
             emit(oproj)
         else:
             emit(attn)
