@@ -1,0 +1,32 @@
+"""us/token of one Monokernel configuration in a process of its own (bench/NOTES.md, session 16: several Monokernels
+in one process each hold their own transposed Wd copy, and the later ones ran slower; compare configurations one
+process each, alternating with main's tree in the same device call). Same model, KV and launch as bench/decode.py
+(the engine's launch: clusters where schedule.attn_cluster_model picks them); 256 tokens at ctx 512 and 2048, twice
+each, then the per-stage table of one traced step at 512.
+usage: python3 bench/experiments/one-launch-time.py [shape, default qwen2.5-coder-0.5b] [name=value ...]
+       every name=value goes to Monokernel(...) (values: ints, True / False / None), e.g. n_splits=16."""
+import ast
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from bench.decode import random_setup, timed
+from bench.mk_trace import format_table, stage_table
+from kernels import isa
+from kernels.runtime import Monokernel
+from kernels.schedule import Dims, attn_cluster_model
+
+N = 256
+name = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-coder-0.5b"
+kw = {k: ast.literal_eval(v) for k, v in (a.split("=", 1) for a in sys.argv[2:])}
+cfg, model, cache = random_setup(name, 2048 + N + 64)
+kw.setdefault("attn_cluster", attn_cluster_model(Dims.of(cfg)))
+mk = Monokernel(model, cache.k, cache.v, max_steps=N + 64, **kw)
+tag = " ".join(f"{k}={v}" for k, v in kw.items())
+for ctx in (512, 2048):
+    for rep in range(2):
+        mk.run(0, 1234, ctx, 32)
+        us = timed(lambda: mk.run(0, 1234, ctx, N), 3) / N * 1e6
+        print(f"{name} {tag}: ctx {ctx:5d} {us:8.1f} us/token ({mk.n_sm} CTAs, {mk.smem} B shared memory)", flush=True)
+mk.enable_trace(100)
+mk.run(0, 1234, 512, N)
+print(format_table(f"{name} {tag}", stage_table(mk.trace_records(), {v: k for k, v in isa.OPS.items()})), flush=True)
