@@ -1,0 +1,29 @@
+#!/bin/bash
+# A/B of one patch against main on one GPU, one Monokernel per process (bench/experiments/one-launch-time.py),
+# alternating main / patched twice per shape, then the patched tree's monokernel GPU tests. Logs in $OUT.
+#   bash bench/experiments/ab.sh 69 qwen2.5-coder-0.5b,llama-3.2-1b,qwen2.5-coder-1.5b [extra one-launch-time args]
+# Session 16 found that code layout alone moves this kernel by 2-4 %, and that several Monokernels in one process
+# run slower than one: compare a kernel change only this way.
+set -o pipefail
+export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 KOG_KERNELS_CACHE=${KOG_KERNELS_CACHE:-/tmp/kcache}
+OUT=${OUT:-/tmp/ab_out}; mkdir -p "$OUT"
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+P=$1; SHAPES=${2:-qwen2.5-coder-0.5b}; shift; [ $# -gt 0 ] && shift
+B=/tmp/ab_patched_$P
+rm -rf "$B"; git -C "$ROOT" worktree add -q --detach "$B" HEAD || exit 1
+(cd "$B" && git apply "$ROOT"/bench/experiments/"$P"-*.patch) || { echo "patch $P does not apply"; exit 1; }
+(cd "$ROOT" && python3 -m kernels.build > "$OUT/build_main.log" 2>&1) &
+(cd "$B" && python3 -m kernels.build > "$OUT/build_$P.log" 2>&1); wait
+grep -h "spill" "$OUT/build_$P.log" | sort | uniq -c
+for s in ${SHAPES//,/ }; do
+  for r in 1 2; do
+    for t in main "$P"; do
+      d=$ROOT; [ "$t" = main ] || d=$B
+      (cd "$d" && timeout 120 python3 bench/experiments/one-launch-time.py "$s" "$@" > "$OUT/${s}_${t}_$r.log" 2>&1)
+      grep "us/token" "$OUT/${s}_${t}_$r.log" | sed "s/^/$t: /"
+    done
+  done
+done
+(cd "$B" && timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_monokernel.py \
+  > "$OUT/tests_$P.log" 2>&1); echo "tests rc $?"; tail -2 "$OUT/tests_$P.log"
+git -C "$ROOT" worktree remove --force "$B"
