@@ -2,6 +2,8 @@
 # A/B of one patch against main on one GPU, one Monokernel per process (bench/experiments/one-launch-time.py),
 # alternating main / patched twice per shape, then the patched tree's monokernel GPU tests. Logs in $OUT.
 #   bash bench/experiments/ab.sh 69 qwen2.5-coder-0.5b,llama-3.2-1b,qwen2.5-coder-1.5b [extra one-launch-time args]
+# ALT=".signal_warp=0" adds a third run per round: the patched tree with those one-launch-time args (the patch's
+# run-time switch off: its mechanism apart from its code layout).
 # Session 16 found that code layout alone moves this kernel by 2-4 %, and that several Monokernels in one process
 # run slower than one: compare a kernel change only this way.
 set -o pipefail
@@ -17,9 +19,11 @@ rm -rf "$B"; git -C "$ROOT" worktree add -q --detach "$B" HEAD || exit 1
 grep -h "spill" "$OUT/build_$P.log" | sort | uniq -c
 for s in ${SHAPES//,/ }; do
   for r in 1 2; do
-    for t in main "$P"; do
+    for t in main "$P" ${ALT:+alt}; do
       d=$ROOT; [ "$t" = main ] || d=$B
-      (cd "$d" && timeout 120 python3 bench/experiments/one-launch-time.py "$s" "$@" > "$OUT/${s}_${t}_$r.log" 2>&1)
+      extra=(); [ "$t" = alt ] && extra=($ALT)
+      (cd "$d" && timeout 120 python3 bench/experiments/one-launch-time.py "$s" "$@" "${extra[@]}" \
+        > "$OUT/${s}_${t}_$r.log" 2>&1)
       grep "us/token" "$OUT/${s}_${t}_$r.log" | sed "s/^/$t: /"
     done
   done

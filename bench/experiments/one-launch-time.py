@@ -4,7 +4,8 @@ process each, alternating with main's tree in the same device call). Same model,
 (the engine's launch: clusters where schedule.attn_cluster_model picks them); 256 tokens at ctx 512 and 2048, twice
 each, then the per-stage table of one traced step at 512.
 usage: python3 bench/experiments/one-launch-time.py [shape, default qwen2.5-coder-0.5b] [name=value ...]
-       every name=value goes to Monokernel(...) (values: ints, True / False / None), e.g. n_splits=16."""
+       every name=value goes to Monokernel(...) (values: ints, True / False / None), e.g. n_splits=16; .name=value
+       sets that attribute after construction (a run-time switch of the same binary), e.g. .signal_warp=0."""
 import ast
 import sys
 from pathlib import Path
@@ -17,11 +18,16 @@ from kernels.schedule import Dims, attn_cluster_model
 
 N = 256
 name = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-coder-0.5b"
-kw = {k: ast.literal_eval(v) for k, v in (a.split("=", 1) for a in sys.argv[2:])}
+kw = {k: ast.literal_eval(v) for k, v in (a.split("=", 1) for a in sys.argv[2:]) if not k.startswith(".")}
+attrs = {k[1:]: ast.literal_eval(v) for k, v in (a.split("=", 1) for a in sys.argv[2:]) if k.startswith(".")}
 cfg, model, cache = random_setup(name, 2048 + N + 64)
 kw.setdefault("attn_cluster", attn_cluster_model(Dims.of(cfg)))
 mk = Monokernel(model, cache.k, cache.v, max_steps=N + 64, **kw)
-tag = " ".join(f"{k}={v}" for k, v in kw.items())
+for k, v in attrs.items():
+    if not hasattr(mk, k):
+        raise SystemExit(f"Monokernel has no attribute {k!r}")
+    setattr(mk, k, v)
+tag = " ".join([f"{k}={v}" for k, v in kw.items()] + [f".{k}={v}" for k, v in attrs.items()])
 for ctx in (512, 2048):
     for rep in range(2):
         mk.run(0, 1234, ctx, 32)
