@@ -4,8 +4,8 @@
 #   bash bench/experiments/ab.sh 69 qwen2.5-coder-0.5b,llama-3.2-1b,qwen2.5-coder-1.5b [extra one-launch-time args]
 # ALT=".signal_warp=0" adds a third run per round: the patched tree with those one-launch-time args (the patch's
 # run-time switch off: its mechanism apart from its code layout).
-# Session 16 found that code layout alone moves this kernel by 2-4 %, and that several Monokernels in one process
-# run slower than one: compare a kernel change only this way.
+# Session 16 found that code that never runs moves this kernel by 2-6 % (its layout): compare a kernel change this
+# way, with a run-time switch where it has one.
 set -o pipefail
 export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0 KOG_KERNELS_CACHE=${KOG_KERNELS_CACHE:-/tmp/kcache}
 OUT=${OUT:-/tmp/ab_out}; mkdir -p "$OUT"
