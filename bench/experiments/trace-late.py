@@ -1,0 +1,65 @@
+"""Who is late, and why, in the per-instruction traces of bench/experiments/trace-dump.py (bench/NOTES.md, session 16).
+For each shape: per stage, how far each instruction finishes after the stage's median, grouped by what else its SM ran
+in that layer; then the attention's slowest split per layer: how late it saw its inputs, its q / loop / partial times,
+the op its SM ran before it and when that op signalled. All medians over the traced layers of every traced step.
+usage: python3 bench/experiments/trace-late.py trace_dump.json"""
+import collections
+import json
+import statistics as st
+import sys
+
+
+def us(ns):
+    return ns / 1e3
+
+
+def report(name: str, d: dict) -> None:
+    ops = {v: k for k, v in d["ops"].items()}
+    off, ins = d["off"], d["ins"]
+    late = collections.defaultdict(list)            # (stage, what else the SM ran) -> lateness after the median
+    slow = []                                         # the slowest attention split of each traced layer
+    prev_ops = collections.Counter()
+    for recs in d["recs"].values():
+        per_sm = collections.defaultdict(dict)
+        ran = collections.defaultdict(list)
+        stages = collections.defaultdict(list)
+        for r in recs:
+            per_sm[r["sm"]][r["index"]] = r
+            ran[r["sm"], r["layer"]].append(ops[r["op"]])
+            stages[r["layer"], ops[r["op"]]].append(r)
+        for (layer, op), rs in stages.items():
+            if op in ("LMHEAD", "SAMPLE"):
+                continue
+            med = sorted(r["t_done"] for r in rs)[len(rs) // 2]
+            for r in rs:
+                other = "+".join(o for o in ran[r["sm"], layer] if o != op and o not in ("LMHEAD", "SAMPLE")) or "-"
+                late[op, other].append(us(r["t_done"] - med))
+            split = [r for r in rs if op == "ATTN" and r["t_q"] is not None]
+            if split:
+                r0 = min(r["t_ready"] for r in split)
+                s = max(split, key=lambda r: r["t_mv"])
+                p = per_sm[s["sm"]].get(s["index"] - 1)
+                if p is not None:
+                    prev_ops[ops[ins[off[s["sm"]] + s["index"] - 1][0]]] += 1
+                pubs = sorted(r["t_mv"] for r in split)
+                slow.append(dict(spread=us(pubs[-1] - pubs[len(pubs) // 2]), start=us(s["t_ready"] - r0),
+                                 q=us(s["t_q"] - s["t_ready"]), loop=us(s["t_loop"] - s["t_q"]),
+                                 partial=us(s["t_mv"] - s["t_loop"]),
+                                 prev_done=us(p["t_done"] - r0) if p else float("nan"),
+                                 to_wait=us(s["t_wait"] - p["t_done"]) if p else float("nan")))
+    print(f"== {name}: {d['n_sm']} CTAs, clusters {d['cluster']}, {d['n_splits']} splits per kv head")
+    for (op, other), v in sorted(late.items()):
+        v = sorted(v)
+        print(f"  {op:6s} SMs that also ran {other:22s} n={len(v):5d}  after the median: med {st.median(v):+.2f} "
+              f"p90 {v[int(0.9 * (len(v) - 1))]:+.2f} max {v[-1]:+.2f} us")
+    if slow:
+        m = {k: st.median(x[k] for x in slow) for k in slow[0]}
+        print(f"  slowest attention split ({len(slow)} layers; previous op {dict(prev_ops)}): publishes {m['spread']:.2f}"
+              f" us after the median split; sees its inputs {m['start']:.2f} after the first; q {m['q']:.2f}, loop "
+              f"{m['loop']:.2f}, partial {m['partial']:.2f}; its SM's previous op signalled {m['prev_done']:+.2f} us "
+              f"from the stage's first ready and reached this wait {m['to_wait']:.2f} us later")
+
+
+data = json.load(open(sys.argv[1]))
+for name, d in data.items():
+    report(name, d)
