@@ -60,6 +60,33 @@ def report(name: str, d: dict) -> None:
               f"from the stage's first ready and reached this wait {m['to_wait']:.2f} us later")
 
 
+def sm_offsets(name: str, d: dict, op: str) -> None:
+    """Per CTA, its median duration (ready -> done) in stage `op` minus the stage's median, and how well one half of
+    the samples predicts the other (split-half correlation): whether some CTAs stream systematically slower."""
+    ops = {v: k for k, v in d["ops"].items()}
+    per = collections.defaultdict(list)
+    for recs in d["recs"].values():
+        stages = collections.defaultdict(list)
+        for r in recs:
+            if ops[r["op"]] == op:
+                stages[r["layer"]].append(r["t_done"] - r["t_ready"])
+        for r in recs:
+            if ops[r["op"]] == op:
+                durs = stages[r["layer"]]
+                per[r["sm"]].append(us(r["t_done"] - r["t_ready"] - sorted(durs)[len(durs) // 2]))
+    if len(per) < 3:
+        return
+    off = sorted((st.median(v), sm) for sm, v in per.items())
+    a = [st.median(v[::2]) for _, v in sorted(per.items())]
+    b = [st.median(v[1::2]) if len(v) > 1 else st.median(v) for _, v in sorted(per.items())]
+    print(f"  {op} duration by CTA against the stage median: fastest "
+          + ", ".join(f"{sm} {m:+.2f}" for m, sm in off[:4]) + "; slowest "
+          + ", ".join(f"{sm} {m:+.2f}" for m, sm in off[-4:])
+          + f" us; split-half correlation {st.correlation(a, b):.2f}")
+
+
 data = json.load(open(sys.argv[1]))
 for name, d in data.items():
     report(name, d)
+    for op in ("MLP", "GATEUP", "DOWN", "LMHEAD"):
+        sm_offsets(name, d, op)
