@@ -1,8 +1,8 @@
 """us/token of one Monokernel configuration in a process of its own, so that every configuration runs with the same
 memory and process state (several Monokernels in one process each hold their own transposed Wd copy); compare
-configurations one process each, alternating with main's tree in the same device call (bench/experiments/ab.sh). Same model, KV and launch as bench/decode.py
-(the engine's launch: clusters where schedule.attn_cluster_model picks them); 256 tokens at ctx 512 and 2048, twice
-each, then the per-stage table of one traced step at 512.
+configurations one process each, alternating with main's tree in the same device call (bench/experiments/ab.sh).
+Same model, KV and launch as bench/decode.py (the engine's launch: clusters where schedule.attn_cluster_model picks
+them); 256 tokens at ctx 512 and 2048, twice each, then the per-stage table of one traced step at 512.
 usage: python3 bench/experiments/one-launch-time.py [shape, default qwen2.5-coder-0.5b] [name=value ...]
        every name=value goes to Monokernel(...) (values: ints, True / False / None), e.g. n_splits=16; .name=value
        sets that attribute after construction (a run-time switch of the same binary), e.g. .signal_warp=0."""

@@ -13,6 +13,11 @@ def us(ns):
     return ns / 1e3
 
 
+def upper_median(xs):
+    """The middle element (the upper one of an even count), as a value of xs: the reference point of a stage."""
+    return sorted(xs)[len(xs) // 2]
+
+
 def report(name: str, d: dict) -> None:
     ops = {v: k for k, v in d["ops"].items()}
     off, ins = d["off"], d["ins"]
@@ -30,7 +35,7 @@ def report(name: str, d: dict) -> None:
         for (layer, op), rs in stages.items():
             if op in ("LMHEAD", "SAMPLE"):
                 continue
-            med = sorted(r["t_done"] for r in rs)[len(rs) // 2]
+            med = upper_median([r["t_done"] for r in rs])
             for r in rs:
                 other = "+".join(o for o in ran[r["sm"], layer] if o != op and o not in ("LMHEAD", "SAMPLE")) or "-"
                 late[op, other].append(us(r["t_done"] - med))
@@ -54,8 +59,8 @@ def report(name: str, d: dict) -> None:
               f"p90 {v[int(0.9 * (len(v) - 1))]:+.2f} max {v[-1]:+.2f} us")
     if slow:
         m = {k: st.median(x[k] for x in slow) for k in slow[0]}
-        print(f"  slowest attention split ({len(slow)} layers; previous op {dict(prev_ops)}): publishes {m['spread']:.2f}"
-              f" us after the median split; sees its inputs {m['start']:.2f} after the first; q {m['q']:.2f}, loop "
+        print(f"  slowest attention split ({len(slow)} layers; previous op {dict(prev_ops)}): publishes "
+              f"{m['spread']:.2f} us after the median split; sees its inputs {m['start']:.2f} after the first; q {m['q']:.2f}, loop "
               f"{m['loop']:.2f}, partial {m['partial']:.2f}; its SM's previous op signalled {m['prev_done']:+.2f} us "
               f"from the stage's first ready and reached this wait {m['to_wait']:.2f} us later")
 
@@ -66,14 +71,13 @@ def sm_offsets(name: str, d: dict, op: str) -> None:
     ops = {v: k for k, v in d["ops"].items()}
     per = collections.defaultdict(list)
     for recs in d["recs"].values():
+        mine = [r for r in recs if ops[r["op"]] == op]
         stages = collections.defaultdict(list)
-        for r in recs:
-            if ops[r["op"]] == op:
-                stages[r["layer"]].append(r["t_done"] - r["t_ready"])
-        for r in recs:
-            if ops[r["op"]] == op:
-                durs = stages[r["layer"]]
-                per[r["sm"]].append(us(r["t_done"] - r["t_ready"] - sorted(durs)[len(durs) // 2]))
+        for r in mine:
+            stages[r["layer"]].append(r["t_done"] - r["t_ready"])
+        med = {layer: upper_median(durs) for layer, durs in stages.items()}
+        for r in mine:
+            per[r["sm"]].append(us(r["t_done"] - r["t_ready"] - med[r["layer"]]))
     if len(per) < 3:
         return
     off = sorted((st.median(v), sm) for sm, v in per.items())
