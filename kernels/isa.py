@@ -152,6 +152,8 @@ PARAM_FIELDS = [
     # split's positions to fit one staged chunk (copied in before the wait), no more (each costs the combine);
     # 0: no such bound.
     ("attn_min_splits", "i32"),
+    # The warp whose lane 0 bumps a stage's counter (mk_block.cuh signal_ctr): NWARPS - 1 by default, 0 = thread 0.
+    ("signal_warp", "i32"),
 ]
 # status[] words (device) and host_stat[] words (mapped host memory)
 STATUS_STOP, STATUS_REASON, STATUS_ABORT = 0, 1, 2   # stop: 0 running, else (last step + 1); abort: watchdog

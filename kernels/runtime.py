@@ -254,6 +254,8 @@ class Monokernel:
         self.prefetch_bytes = 0
         # Issue each matvec's first batch of weight loads before spinning on its inputs.
         self.early_loads = 1
+        # The warp whose lane 0 releases each stage's counter (mk_block.cuh signal_ctr; 0: thread 0).
+        self.signal_warp = isa.NWARPS - 1
         # enable_trace(step) sets this: [n_sm, max_instr, TRACE_WORDS] int64 globaltimer stamps of one step.
         self.trace_buf: torch.Tensor | None = None
         self.trace_step = 0
@@ -318,6 +320,9 @@ class Monokernel:
             self.acc.zero_()
         p.acc = _ptr(self.acc)
         p.early_loads = int(self.early_loads)
+        if not 0 <= self.signal_warp < isa.NWARPS:
+            raise ValueError(f"signal_warp {self.signal_warp} outside 0..{isa.NWARPS - 1}")
+        p.signal_warp = int(self.signal_warp)
         p.attn_min_pos = int(self.attn_min_pos)
         p.attn_min_splits = int(self.attn_min_splits)
         if not 1 <= self.kv_stage_pos <= self.stage_capacity:

@@ -94,7 +94,7 @@ MK_DEV int attn_cluster_combine(const MkParams& p, const int* ins, int ii, int s
         if (s == 0) p.attn[(size_t)head * E + e] = num / den;
     }
     mk_cluster_arrive();   // done reading the peers; the wait comes before this CTA next writes its region
-    signal_ctr(p.ctr + ins[MK_F_AUX]);
+    signal_ctr(p, p.ctr + ins[MK_F_AUX]);
     return 1;
 }
 #endif
@@ -235,12 +235,12 @@ MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos,
     // Every split (idle ones too: S per step) publishes its partial on the head's counter. Once all have, each
     // split with positions merges its own 1 / S_eff of the head's g x HD outputs from the S_eff partials and
     // bumps ATTN_DONE; idle splits bump it at once (OPROJ waits for all n_kv x S).
-    signal_ctr(p.ctr + ins[MK_F_SIG_CTR]);
+    signal_ctr(p, p.ctr + ins[MK_F_SIG_CTR]);
     trace(p, step, ii, 3);   // partial published; the merge of this split's slice follows
     if (split < S_eff) {
         if (!wait_ctr(p, p.ctr + ins[MK_F_SIG_CTR], (unsigned)((step + 1) * S), step, sflag)) return -1;
         attn_merge_slice<HD>(p, head, split, S_eff);
     }
-    signal_ctr(p.ctr + ins[MK_F_AUX]);
+    signal_ctr(p, p.ctr + ins[MK_F_AUX]);
     return 0;
 }

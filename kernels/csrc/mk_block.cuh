@@ -114,11 +114,14 @@ MK_DEV bool wait_ctr(const MkParams& p, const unsigned* c, unsigned target, int 
     return ok;
 }
 
-// Every thread's writes precede thread 0's release (bar.sync orders them within the CTA; the release at gpu
-// scope is cumulative, so a consumer's acquire of the counter sees them all: no separate fence).
-MK_DEV void signal_ctr(unsigned* c) {
+// Every thread's writes precede the release (bar.sync orders them within the CTA; the release at gpu scope is
+// cumulative, so a consumer's acquire of the counter sees them all: no separate fence). Lane 0 of warp
+// p.signal_warp releases: a release is a MEMBAR that stalls its warp until the CTA's writes are visible, and with
+// the last warp doing it, thread 0 starts the next instruction (its wait, the attention's staging, the trace)
+// meanwhile (runtime default; 0: thread 0, as before).
+MK_DEV void signal_ctr(const MkParams& p, unsigned* c) {
     __syncthreads();
-    if (threadIdx.x == 0) mk_red_release(c, 1u);
+    if (threadIdx.x == 32 * p.signal_warp) mk_red_release(c, 1u);
 }
 
 // Position of element i of a matvec input vector in shared memory: the two 16-byte halves of each 8-element chunk

@@ -357,7 +357,7 @@ MK_DEV void xr_push_record(const MkParams& p, int aux) {
 // then one relaxed add per rank's counter.
 MK_DEV void xr_signal(const MkParams& p, int op, int layer, int ctr) {
     const bool x = op == MK_OP_OPROJ || op == MK_OP_DOWN || (op == MK_OP_LMHEAD && p.lm_parallel);
-    if (!kTP || p.tp_size <= 1 || !x) { signal_ctr(p.ctr + ctr); return; }
+    if (!kTP || p.tp_size <= 1 || !x) { signal_ctr(p, p.ctr + ctr); return; }
     if (p.lane_mode != nullptr && op != MK_OP_LMHEAD) { xr_lane_signal(p, op, layer, ctr); return; }
     __syncthreads();
     if (threadIdx.x == 0) {

@@ -148,4 +148,5 @@ struct MkParams {
     float lane_scale;
     int attn_cluster;
     int attn_min_splits;
+    int signal_warp;
 };

@@ -103,7 +103,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
     if (blockIdx.x == 0) {   // prologue: the first token's embedding
         const mk_bf16* e = p.embed + (size_t)p.first_token * p.d;
         for (int i = threadIdx.x; i < p.d; i += NT) p.x[i] = mk_bf2f(e[i]);
-        signal_ctr(tok_ctr);
+        signal_ctr(p, tok_ctr);
     }
     for (int step = 0; step < p.n_steps; ++step) {
         if (step > 0) {

@@ -209,17 +209,19 @@ def test_engine_end_to_end(tmp_path):
 
 @pytest.mark.parametrize("name", [SHAPES[0], SHAPES[2]])
 def test_load_timing_variants_are_bit_identical(name):
-    """Early weight loads and the L2 prefetch only move loads in time: not a single bit may change."""
+    """Early weight loads, the L2 prefetch and the warp that releases each stage's counter (signal_warp) only move
+    work in time: not a single bit may change."""
     s = setup_for(name)
     forced = s.ids[PROMPT:PROMPT + 32].tolist()
     outs = []
-    for early, pf in ((1, 0), (0, 0), (1, 32768)):
+    assert s.mk.signal_warp == 15
+    for early, pf, sw in ((1, 0, 15), (0, 0, 15), (1, 32768, 15), (1, 0, 0), (0, 0, 7)):
         s.restore()
-        s.mk.early_loads, s.mk.prefetch_bytes = early, pf
+        s.mk.early_loads, s.mk.prefetch_bytes, s.mk.signal_warp = early, pf, sw
         out = torch.empty(32, s.cfg.vocab_size, device="cuda")
         s.mk.run(0, forced[0], PROMPT, 32, forced=forced, logits_out=out)
         outs.append(out)
-    s.mk.early_loads, s.mk.prefetch_bytes = 1, 0
+    s.mk.early_loads, s.mk.prefetch_bytes, s.mk.signal_warp = 1, 0, 15
     for i, o in enumerate(outs[1:], 1):
         assert torch.equal(outs[0], o), f"variant {i} changed bits"
 
