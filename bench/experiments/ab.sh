@@ -3,7 +3,8 @@
 # alternating main / patched twice per shape, then the patched tree's monokernel GPU tests. Logs in $OUT.
 #   bash bench/experiments/ab.sh 69 qwen2.5-coder-0.5b,llama-3.2-1b,qwen2.5-coder-1.5b [extra one-launch-time args]
 # ALT=".signal_warp=0" adds a third run per round: the patched tree with those one-launch-time args (the patch's
-# run-time switch off: its mechanism apart from its code layout).
+# run-time switch off: its mechanism apart from its code layout); ALT2 a fourth. TESTS=none skips the GPU tests;
+# TESTS="-k expr" picks some. Ends with a table of each variant's mean us/token per shape and context.
 # Session 16 found that code that never runs moves this kernel by 2-6 % (its layout): compare a kernel change this
 # way, with a run-time switch where it has one.
 set -o pipefail
@@ -19,15 +20,22 @@ rm -rf "$B"; git -C "$ROOT" worktree add -q --detach "$B" HEAD || exit 1
 grep -h "spill" "$OUT/build_$P.log" | sort | uniq -c
 for s in ${SHAPES//,/ }; do
   for r in 1 2; do
-    for t in main "$P" ${ALT:+alt}; do
+    for t in main "$P" ${ALT:+alt} ${ALT2:+alt2}; do
       d=$ROOT; [ "$t" = main ] || d=$B
-      extra=(); [ "$t" = alt ] && extra=($ALT)
+      extra=(); [ "$t" = alt ] && extra=($ALT); [ "$t" = alt2 ] && extra=($ALT2)
       (cd "$d" && timeout 120 python3 bench/experiments/one-launch-time.py "$s" "$@" "${extra[@]}" \
         > "$OUT/${s}_${t}_$r.log" 2>&1)
       grep "us/token" "$OUT/${s}_${t}_$r.log" | sed "s/^/$t: /"
     done
   done
 done
-(cd "$B" && timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_monokernel.py \
-  > "$OUT/tests_$P.log" 2>&1); echo "tests rc $?"; tail -2 "$OUT/tests_$P.log"
+if [ "${TESTS:-}" != none ]; then
+  (cd "$B" && timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_monokernel.py \
+    ${TESTS:-} > "$OUT/tests_$P.log" 2>&1); echo "tests rc $?"; tail -2 "$OUT/tests_$P.log"
+fi
+echo "variant shape ctx mean-us/token (alt: $ALT; alt2: $ALT2)"
+for f in "$OUT"/*_[0-9].log; do
+  b=$(basename "$f" .log); t=${b%_*}; t=${t##*_}; s=${b%%_*}
+  grep "us/token" "$f" | awk -v t="$t" -v s="$s" '{for (i = 1; i < NF; i++) if ($i == "ctx") print t, s, $(i + 1), $(i + 2)}'
+done | awk '{k = $1 " " $2 " " $3; n[k]++; v[k] += $4} END {for (k in n) printf "%s %.1f\n", k, v[k] / n[k]}' | sort -k2,2 -k3,3n -k1,1
 git -C "$ROOT" worktree remove --force "$B"

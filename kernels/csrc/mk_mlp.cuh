@@ -50,7 +50,12 @@ MK_DEV void mlp_down(const MkParams& p, const mk_bf16* wdt, int a0, int a1, floa
     }
     __syncthreads();
     trace(p, step, ii, 5);
-    for (int j = threadIdx.x; j < d; j += NT) {
+    // Every CTA adds into the same d words, whose atomics queue in a few L2 slices: each CTA starts at its own
+    // element (Llama-1B -4 us/token; a sum over each cluster's ranks in shared memory first was slower: bench/NOTES.md,
+    // session 17). Fixed-point integers: the order of the adds does not change a bit.
+    const int rot = 64 * blockIdx.x % d;
+    for (int i = threadIdx.x; i < d; i += NT) {
+        const int j = i + rot < d ? i + rot : i + rot - d;
         float s = 0.f;
         for (int g = 0; g < G; ++g) s += red[g * d + j];
         mk_red_add_u64(p.acc + j, (unsigned long long)__float2ll_rn(s * kAccScale));
