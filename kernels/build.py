@@ -38,6 +38,12 @@ def find_nvcc() -> str | None:
     return None
 
 
+def extra_flags() -> tuple[str, ...]:
+    """KOG_NVCC_FLAGS: further nvcc flags, space-separated (compiler experiments: bench/experiments/flags-sweep.sh);
+    part of the cache key, so each set of flags gets its own build."""
+    return tuple(os.environ.get("KOG_NVCC_FLAGS", "").split())
+
+
 def variant_flags(tp: bool, pipe: bool = False, cluster: bool = False, *, head_dim: int) -> tuple[str, ...]:
     if tp and pipe:
         raise ValueError("the tensor-parallel build has the one-set matvec loop only")
@@ -55,7 +61,7 @@ def source_hash(tp: bool = False, pipe: bool = False, cluster: bool = False, *, 
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
     h.update(isa.render_header().encode())
-    h.update(" ".join((ARCH,) + FLAGS + variant_flags(tp, pipe, cluster, head_dim=head_dim)).encode())
+    h.update(" ".join((ARCH,) + FLAGS + variant_flags(tp, pipe, cluster, head_dim=head_dim) + extra_flags()).encode())
     return h.hexdigest()[:16]
 
 
@@ -74,11 +80,13 @@ def build(verbose: bool = False, tp: bool = False, pipe: bool = False, cluster: 
     # always the one kernels/isa.py describes (tests check the checked-in copy matches too).
     (out_dir / "mk_isa.h").write_text(isa.render_header())
     tmp = out_dir / f"libmonokernel.{os.getpid()}.so"
-    cmd = [nvcc, ARCH, *FLAGS, *variant_flags(tp, pipe, cluster, head_dim=head_dim), f"-I{out_dir}", f"-I{CSRC}",
+    cmd = [nvcc, ARCH, *FLAGS, *variant_flags(tp, pipe, cluster, head_dim=head_dim), *extra_flags(), f"-I{out_dir}",
+           f"-I{CSRC}",
            "-o", str(tmp), str(CSRC / "monokernel.cu")]
     what = ("tensor-parallel monokernel" if tp else "monokernel (pipelined matvec)" if pipe else "monokernel") + \
         (" with cluster attention" if cluster else "") + f" for head_dim {head_dim}"
-    print(f"[kernels] building {what} with nvcc into {out_dir} ...", file=sys.stderr, flush=True)
+    extra = f" (extra flags: {' '.join(extra_flags())})" if extra_flags() else ""
+    print(f"[kernels] building {what} with nvcc into {out_dir}{extra} ...", file=sys.stderr, flush=True)
     t0 = time.time()
     res = subprocess.run(cmd, capture_output=True, text=True)
     (out_dir / "build.log").write_text(res.stdout + res.stderr)

@@ -15,6 +15,17 @@ def test_every_variant_has_its_own_cache_entry():
     assert build.source_hash(head_dim=64) == build.source_hash(False, False, False, head_dim=64)
 
 
+def test_extra_nvcc_flags_get_their_own_cache_entry(monkeypatch):
+    monkeypatch.delenv("KOG_NVCC_FLAGS", raising=False)
+    plain = build.source_hash(head_dim=64)
+    assert build.extra_flags() == ()
+    monkeypatch.setenv("KOG_NVCC_FLAGS", " -Xptxas  -O2 ")
+    assert build.extra_flags() == ("-Xptxas", "-O2")
+    assert build.source_hash(head_dim=64) != plain
+    monkeypatch.setenv("KOG_NVCC_FLAGS", "")
+    assert build.source_hash(head_dim=64) == plain
+
+
 def test_a_build_holds_one_attention_head_size():
     assert "-DMK_HEAD_DIM=64" in build.variant_flags(False, head_dim=64)
     assert "-DMK_HEAD_DIM=96" in build.variant_flags(True, head_dim=96)
