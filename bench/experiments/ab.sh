@@ -13,7 +13,10 @@ OUT=${OUT:-/tmp/ab_out}; mkdir -p "$OUT"
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 P=$1; SHAPES=${2:-qwen2.5-coder-0.5b}; shift; [ $# -gt 0 ] && shift
 B=/tmp/ab_patched_$P
-rm -rf "$B"; git -C "$ROOT" worktree add -q --detach "$B" HEAD || exit 1
+# The patched tree is a copy of the working tree as it is (tracked and untracked files, not the ignored ones), not a
+# worktree of HEAD: on the device machine HEAD is the session's first commit with the rest uncommitted on top.
+rm -rf "$B"; mkdir -p "$B"
+(cd "$ROOT" && git ls-files -z -co --exclude-standard | xargs -0 cp --parents -t "$B") || exit 1
 (cd "$B" && git apply "$ROOT"/bench/experiments/"$P"-*.patch) || { echo "patch $P does not apply"; exit 1; }
 (cd "$ROOT" && python3 -m kernels.build > "$OUT/build_main.log" 2>&1) &
 (cd "$B" && python3 -m kernels.build > "$OUT/build_$P.log" 2>&1); wait
@@ -38,4 +41,4 @@ for f in "$OUT"/*_[0-9].log; do
   b=$(basename "$f" .log); t=${b%_*}; t=${t##*_}; s=${b%%_*}
   grep "us/token" "$f" | awk -v t="$t" -v s="$s" '{for (i = 1; i < NF; i++) if ($i == "ctx") print t, s, $(i + 1), $(i + 2)}'
 done | awk '{k = $1 " " $2 " " $3; n[k]++; v[k] += $4} END {for (k in n) printf "%s %.1f\n", k, v[k] / n[k]}' | sort -k2,2 -k3,3n -k1,1
-git -C "$ROOT" worktree remove --force "$B"
+rm -rf "$B"
