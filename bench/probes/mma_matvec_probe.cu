@@ -7,6 +7,8 @@
 // the median and max over CTAs, then the median of each over the calls):
 //   fma-smem      the kernel's row-pair batches (2 rows x 32 lanes x U = 4 chunks of 8 bf16, its mv_dot on the
 //                 swizzled fp32 activations), rows read from shared memory (raw layout, stride K: conflict-free)
+//   fma-smem-rows (session 17) whole rows per warp, RBM independent row chains per lane, one warp_sum per row at
+//                 the end (fma_smem_rows below); rows from shared memory as fma-smem
 //   mma-smem      tensor cores (below), rows in shared memory in their raw row-major layout (stride K)
 //   mma-smem-pad  a layout variant: the same with a row stride of KS = K rounded to 64, + 32 bf16. Lanes 0-7 (one
 //                 phase of a 16-byte shared load) read 64 bytes of rows g = 0 and 1 at the same chunks: with a raw
@@ -34,7 +36,7 @@
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -Xptxas -v -I kernels/csrc \
 //        bench/probes/mma_matvec_probe.cu -o /tmp/mma_matvec_probe && /tmp/mma_matvec_probe
 // ptxas -v (nvcc 13.0, sm_90a), registers / spill bytes per kernel: fma-smem 71 / 0, mma-smem 100 / 0,
-// mma-smem-pad 102 / 0, fma-dram 72 / 0, mma-dram 105 / 0 (probe<0> .. probe<4>).
+// mma-smem-pad 102 / 0, fma-dram 72 / 0, mma-dram 105 / 0 (probe<0> .. probe<4>, session 10); fma-smem-rows 56 / 0.
 // Prints one line per (shape, mode), then a JSON line.
 // Recorded (bench/NOTES.md session 10, one H200, us median per call): 0.5B GATEUP (74 x 896) fma-smem 2.69, mma-smem
 // 3.81, mma-smem-pad 3.30, fma-dram 5.06, mma-dram 6.14; 0.5B DOWN (7 x 4864) 1.76 / 3.71 / 3.55 / 3.23 / 5.28; 1.5B
@@ -57,8 +59,9 @@
 #include "mk_block.cuh"     // warp_sum, svx (the activations' swizzle)
 #include "mk_matvec.cuh"    // MvBatch, mv_dot, mv_reduce, matvec: the kernel's FMA matvec
 
-enum { FMA_SMEM, MMA_SMEM, MMA_SMEM_PAD, FMA_DRAM, MMA_DRAM, NMODES };
-static const char* kModes[NMODES] = {"fma-smem", "mma-smem", "mma-smem-pad", "fma-dram", "mma-dram"};
+enum { FMA_SMEM, FMA_SMEM_ROWS, MMA_SMEM, MMA_SMEM_PAD, FMA_DRAM, MMA_DRAM, NMODES };
+static const char* kModes[NMODES] = {"fma-smem", "fma-smem-rows", "mma-smem", "mma-smem-pad", "fma-dram", "mma-dram"};
+#define RBM 8               // fma-smem-rows: rows per warp at once (independent chains)
 #define HOSTDEV __host__ __device__ __forceinline__
 __host__ __device__ constexpr bool is_smem(int m) { return m <= MMA_SMEM_PAD; }
 HOSTDEV int row_stride(int m, int K) { return m == MMA_SMEM_PAD ? (K + 31) / 64 * 64 + 32 : K; }
@@ -146,6 +149,43 @@ MK_DEV void fma_smem(const mk_bf16* rows, int KS, int R, int K, const float* sv,
         mv_dot(nch, sv, red, w, b);
     }
     mv_reduce(R, ipr, red, out);
+}
+
+// fma-smem-rows (session 17): whole rows per warp instead of the kernel's row-pair batches with their cross-warp
+// partials. Warp w takes rows w, w + NW, ... (RBM at a time, one independent fp32 chain each), its lanes the 16-byte
+// chunks lane, lane + 32, ... of every row, each chunk's 8 activations loaded once for all RBM rows; one warp_sum per
+// row at the end and lane 0 writes out[r]: no partials in shared memory, no reduction pass, one barrier. If this is
+// much faster than fma-smem, the FMA loop was bound by its batch structure (short chains, a shuffle reduction and a
+// partial store per 2 rows), and weights kept on chip (a stash) could be consumed at a far higher rate.
+MK_DEV void fma_smem_rows(const mk_bf16* rows, int KS, int R, int K, const float* sv, float* out) {
+    const int nch = K >> 3, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const float4* sv4 = (const float4*)sv;
+    for (int r0 = warp; r0 < R; r0 += NW * RBM) {
+        float acc[RBM];
+#pragma unroll
+        for (int j = 0; j < RBM; ++j) acc[j] = 0.f;
+        for (int c = lane; c < nch; c += 32) {
+            const int s = (c >> 2) & 1;   // svx: chunk c's 16-byte halves swapped when bit 2 of c is set
+            const float4 a = sv4[(2 * c) ^ s], b = sv4[(2 * c + 1) ^ s];
+#pragma unroll
+            for (int j = 0; j < RBM; ++j) {
+                const int r = r0 + j * NW;
+                if (r < R) {   // warp-uniform
+                    float f[8];
+                    mk_unpack8(*(const uint4*)(rows + r * KS + 8 * c), f);
+                    acc[j] += f[0] * a.x + f[1] * a.y + f[2] * a.z + f[3] * a.w + f[4] * b.x + f[5] * b.y +
+                              f[6] * b.z + f[7] * b.w;
+                }
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < RBM; ++j) acc[j] = warp_sum(acc[j]);
+        if (lane == 0)
+#pragma unroll
+            for (int j = 0; j < RBM; ++j)
+                if (r0 + j * NW < R) out[r0 + j * NW] = acc[j];
+    }
+    __syncthreads();
 }
 
 // lanes t = 0 store the tile's rows g, g + 8 (columns 0 + 1: hi + lo products) to this warp's partials
@@ -257,6 +297,7 @@ __global__ void __launch_bounds__(NT, 1) probe(const mk_bf16* pool, size_t buf, 
         __syncthreads();
         if (threadIdx.x == 0) t0 = mk_globaltimer();
         if (MODE == FMA_SMEM) fma_smem(rows, KS, R, K, sv, red, out);
+        else if (MODE == FMA_SMEM_ROWS) fma_smem_rows(rows, KS, R, K, sv, out);
         else if (MODE == FMA_DRAM) matvec(RowMap{Wr, 0, R, 0}, R, K, sv, red, out, w, b, false);
         else mma_matvec<is_smem(MODE)>(Wr, rows, KS, R, K, sv, hl, red, out);
         if (threadIdx.x == 0 && rep > 0) ns[(size_t)(rep - 1) * gridDim.x + blockIdx.x] = mk_globaltimer() - t0;
@@ -401,6 +442,7 @@ int main() {
             cudaError_t e;
             switch (mode) {
             case FMA_SMEM: e = launch<FMA_SMEM>(nsm, smem, pool, buf, nbuf, x, R, K, ns, out); break;
+            case FMA_SMEM_ROWS: e = launch<FMA_SMEM_ROWS>(nsm, smem, pool, buf, nbuf, x, R, K, ns, out); break;
             case MMA_SMEM: e = launch<MMA_SMEM>(nsm, smem, pool, buf, nbuf, x, R, K, ns, out); break;
             case MMA_SMEM_PAD: e = launch<MMA_SMEM_PAD>(nsm, smem, pool, buf, nbuf, x, R, K, ns, out); break;
             case FMA_DRAM: e = launch<FMA_DRAM>(nsm, smem, pool, buf, nbuf, x, R, K, ns, out); break;
