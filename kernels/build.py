@@ -80,13 +80,13 @@ def build(verbose: bool = False, tp: bool = False, pipe: bool = False, cluster: 
     # always the one kernels/isa.py describes (tests check the checked-in copy matches too).
     (out_dir / "mk_isa.h").write_text(isa.render_header())
     tmp = out_dir / f"libmonokernel.{os.getpid()}.so"
-    cmd = [nvcc, ARCH, *FLAGS, *variant_flags(tp, pipe, cluster, head_dim=head_dim), *extra_flags(), f"-I{out_dir}",
-           f"-I{CSRC}",
-           "-o", str(tmp), str(CSRC / "monokernel.cu")]
+    extra = extra_flags()
+    cmd = [nvcc, ARCH, *FLAGS, *variant_flags(tp, pipe, cluster, head_dim=head_dim), *extra, f"-I{out_dir}",
+           f"-I{CSRC}", "-o", str(tmp), str(CSRC / "monokernel.cu")]
     what = ("tensor-parallel monokernel" if tp else "monokernel (pipelined matvec)" if pipe else "monokernel") + \
         (" with cluster attention" if cluster else "") + f" for head_dim {head_dim}"
-    extra = f" (extra flags: {' '.join(extra_flags())})" if extra_flags() else ""
-    print(f"[kernels] building {what} with nvcc into {out_dir}{extra} ...", file=sys.stderr, flush=True)
+    flags_note = f" (extra flags: {' '.join(extra)})" if extra else ""
+    print(f"[kernels] building {what} with nvcc into {out_dir}{flags_note} ...", file=sys.stderr, flush=True)
     t0 = time.time()
     res = subprocess.run(cmd, capture_output=True, text=True)
     (out_dir / "build.log").write_text(res.stdout + res.stderr)
