@@ -25,6 +25,10 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCES = tuple(sorted(p.name for p in CSRC.glob("*") if p.suffix in (".cu", ".cuh", ".h") and p.name != "mk_isa.h"))
 ARCH = "-gencode=arch=compute_90a,code=sm_90a"
 FLAGS = ("-O3", "-std=c++17", "-Xcompiler", "-fPIC", "-shared", "-lineinfo", "-Xptxas", "-v")
+# One-GPU builds: ptxas keeps the constants it makes out of the constant bank. Session 18 measured it at -1.5 / -0.5
+# / -4.5 us per token on 0.5B / Llama / 1.5B in both rounds and at both contexts (bench/experiments/flags-sweep.sh,
+# bench/NOTES.md); the tensor-parallel build keeps the default until it is measured on several GPUs.
+ONE_GPU_FLAGS = ("-Xptxas", "--disable-optimizer-constants")
 
 
 def cache_root() -> Path:
@@ -52,7 +56,7 @@ def variant_flags(tp: bool, pipe: bool = False, cluster: bool = False, *, head_d
     if head_dim not in isa.HEAD_DIMS:
         raise ValueError(f"head_dim {head_dim}: the kernel has attention for {', '.join(map(str, isa.HEAD_DIMS))}")
     return (f"-DMK_TP={int(tp)}", f"-DMK_MV_PIPE={int(pipe)}", f"-DMK_CLUSTER={int(cluster)}",
-            f"-DMK_HEAD_DIM={head_dim}")
+            f"-DMK_HEAD_DIM={head_dim}") + (() if tp else ONE_GPU_FLAGS)
 
 
 def source_hash(tp: bool = False, pipe: bool = False, cluster: bool = False, *, head_dim: int) -> str:

@@ -39,6 +39,9 @@ def test_flags_name_the_loop_and_refuse_what_cannot_build():
     assert "-DMK_MV_PIPE=0" in build.variant_flags(True, head_dim=64)
     assert "-DMK_CLUSTER=1" in build.variant_flags(False, False, True, head_dim=64)
     assert "-DMK_CLUSTER=0" in build.variant_flags(False, head_dim=64)
+    # the measured ptxas option: one-GPU builds only, and part of every cache key through these flags
+    assert "--disable-optimizer-constants" in build.variant_flags(False, True, head_dim=128)
+    assert "--disable-optimizer-constants" not in build.variant_flags(True, head_dim=128)
     with pytest.raises(ValueError, match="one-set matvec loop only"):
         build.variant_flags(True, True, head_dim=64)
     with pytest.raises(ValueError, match="no cluster attention"):
