@@ -60,6 +60,7 @@ MK_DEV void mv_load(const RowMap& m, int R, int K, int bi, uint4 (&w)[2][U], MvB
 MK_DEV void mv_dot(int nch, const float* sv, float* red, const uint4 (&w)[2][U], const MvBatch& b) {
     const float4* sv4 = (const float4*)sv;
     float acc0 = 0.f, acc1 = 0.f;
+#if MK_MV_PIPE || MK_TP
 #pragma unroll
     for (int j = 0; j < U; ++j) {
         const int c = b.c0 + j * 32;
@@ -68,6 +69,19 @@ MK_DEV void mv_dot(int nch, const float* sv, float* red, const uint4 (&w)[2][U],
             dot8x2(w[0][j], w[1][j], sv4[(2 * c) ^ s], sv4[(2 * c + 1) ^ s], acc0, acc1);
         }
     }
+#else
+    // Past the row's end (c >= nch) mv_load left zero weights: such a chunk reads the last chunk's activations instead
+    // of branching around it (acc += 0 x finite leaves acc: the same sums), so a batch's activation loads and
+    // products are one straight block the compiler schedules together. Session 18 (bench/NOTES.md): 0.5B 654 -> 634,
+    // Llama 847 -> 833 us/token; the pipelined build was 1 % slower with it (its streaming stages), so it and the
+    // tensor-parallel build (not yet measured on several GPUs) keep the branch.
+#pragma unroll
+    for (int j = 0; j < U; ++j) {
+        const int c = min(b.c0 + j * 32, nch - 1);
+        const int s = (c >> 2) & 1;
+        dot8x2(w[0][j], w[1][j], sv4[(2 * c) ^ s], sv4[(2 * c + 1) ^ s], acc0, acc1);
+    }
+#endif
     acc0 = warp_sum(acc0);
     acc1 = warp_sum(acc1);
     if ((threadIdx.x & 31) == 0 && b.c0 < nch) {   // lane 0's c0 < nch exactly when the batch has rows
