@@ -9,6 +9,11 @@
 //                 swizzled fp32 activations), rows read from shared memory (raw layout, stride K: conflict-free)
 //   fma-smem-rows (session 17) whole rows per warp, RBM independent row chains per lane, one warp_sum per row at
 //                 the end (fma_smem_rows below); rows from shared memory as fma-smem
+//   fma-l2        (session 18) fma-dram's code, but every call reads the same buffer: after the warm-up call the
+//                 rows sit in L2 when every CTA's rows together fit it (the 0.5B and 16 x 896 shapes; 1.5B GATEUP's
+//                 55 MB does not). Says whether weights staged in L2 ahead of a stage stream faster than from HBM
+//                 at the kernel's bytes in flight (64 KB per SM), the premise of any L2 look-ahead
+//   mma-l2        (session 18) the same for mma-dram
 //   noop          (session 17) one barrier and nothing else: what the timing itself costs (two %globaltimer
 //                 reads around a barrier), to subtract from every other mode
 //   mma-smem      tensor cores (below), rows in shared memory in their raw row-major layout (stride K)
@@ -16,6 +21,13 @@
 //                 phase of a 16-byte shared load) read 64 bytes of rows g = 0 and 1 at the same chunks: with a raw
 //                 stride of 2 K bytes = 0 mod 128, as in every shape here, every A load conflicts two ways; padded
 //                 (stride = 64 mod 128) none
+//   mma-smem-acc  (session 18) mma-smem-pad with one accumulator per step of a batch (MMA_U independent mma
+//                 chains instead of one: the mma's ~30-cycle latency no longer serialises a warp's share)
+//   mma-ldsm      (session 18) tensor cores fed the standard way: ldmatrix.x4 of a 16-row x 16-k tile of the rows
+//                 (row stride = 16 bytes mod 128: conflict-free), B = x hi / lo as columns 0 / 1, MMA_U independent
+//                 accumulators; each 16-row tile's k-steps split evenly over NW / tiles warps, one partial per warp
+//                 and row, summed in warp order. Needs K % 16 == 0 and at most NW tiles. The smem floor: 128 bytes
+//                 per clock per SM, so 74 x 896 (132 KB) cannot take less than ~0.55 us
 //   fma-dram      the kernel's matvec() itself (mk_matvec.cuh, one-set build: 2 rows x U = 8 16-byte streaming
 //                 loads in flight per lane, then the arithmetic)
 //   mma-dram      tensor cores with streaming loads, MMA_U = 4 steps = 8 16-byte loads in flight per lane
@@ -61,13 +73,17 @@
 #include "mk_block.cuh"     // warp_sum, svx (the activations' swizzle)
 #include "mk_matvec.cuh"    // MvBatch, mv_dot, mv_reduce, matvec: the kernel's FMA matvec
 
-enum { FMA_SMEM, FMA_SMEM_ROWS, MMA_SMEM, MMA_SMEM_PAD, FMA_DRAM, MMA_DRAM, NOOP, NMODES };
-static const char* kModes[NMODES] = {"fma-smem", "fma-smem-rows", "mma-smem", "mma-smem-pad", "fma-dram", "mma-dram",
-                                     "noop"};
+enum { FMA_SMEM, FMA_SMEM_ROWS, MMA_SMEM, MMA_SMEM_PAD, MMA_SMEM_ACC, MMA_LDSM, FMA_DRAM, MMA_DRAM, FMA_L2, MMA_L2,
+       NOOP, NMODES };
+static const char* kModes[NMODES] = {"fma-smem", "fma-smem-rows", "mma-smem", "mma-smem-pad", "mma-smem-acc",
+                                     "mma-ldsm", "fma-dram", "mma-dram", "fma-l2", "mma-l2", "noop"};
 #define RBM 8               // fma-smem-rows: rows per warp at once (independent chains)
 #define HOSTDEV __host__ __device__ __forceinline__
-__host__ __device__ constexpr bool is_smem(int m) { return m <= MMA_SMEM_PAD; }
-HOSTDEV int row_stride(int m, int K) { return m == MMA_SMEM_PAD ? (K + 31) / 64 * 64 + 32 : K; }
+__host__ __device__ constexpr bool is_smem(int m) { return m <= MMA_LDSM; }
+HOSTDEV int row_stride(int m, int K) {
+    if (m == MMA_LDSM) return (K + 63) / 64 * 64 + 8;   // 16 bytes mod 128: an ldmatrix phase's 8 rows, 8 bank groups
+    return m == MMA_SMEM_PAD || m == MMA_SMEM_ACC ? (K + 31) / 64 * 64 + 32 : K;
+}
 
 // ---- the mma fragment map, shared by the device code and the host check. PTX ISA, m16n8k16 .bf16 (g = lane / 4,
 // t = lane % 4): A register j holds row g + 8 (j & 1), k slots 2t + 8 (j >> 1) + {0, 1}; B register j column g,
@@ -100,7 +116,7 @@ HOSTDEV Lay layout(int R, int K, int KS, bool rows) {
     l.red = l.hl + Kp * 4;
     l.out = l.red + (redn + 3) / 4 * 16;
     l.rows = l.out + (R + 3) / 4 * 16;
-    l.bytes = l.rows + (rows ? R * KS * 2 : 0);
+    l.bytes = l.rows + (rows ? (R + 15) / 16 * 16 * KS * 2 : 0);   // whole 16-row tiles (mma-ldsm reads them)
     return l;
 }
 
@@ -191,14 +207,22 @@ MK_DEV void fma_smem_rows(const mk_bf16* rows, int KS, int R, int K, const float
     __syncthreads();
 }
 
-// lanes t = 0 store the tile's rows g, g + 8 (columns 0 + 1: hi + lo products) to this warp's partials
-MK_DEV void mma_flush(float* redw, float (&d)[4], int g, int t) {
-    if (t == 0) { redw[g] = d[0] + d[1]; redw[g + 8] = d[2] + d[3]; }
-    d[0] = d[1] = d[2] = d[3] = 0.f;
+// lanes t = 0 store the tile's rows g, g + 8 (columns 0 + 1: hi + lo products, summed over the NA accumulators)
+// to this warp's partials
+template <int NA>
+MK_DEV void mma_flush(float* redw, float (&d)[NA][4], int g, int t) {
+    float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+    for (int a = 0; a < NA; ++a) {
+        s0 += d[a][0] + d[a][1];
+        s1 += d[a][2] + d[a][3];
+        d[a][0] = d[a][1] = d[a][2] = d[a][3] = 0.f;
+    }
+    if (t == 0) { redw[g] = s0; redw[g + 8] = s1; }
 }
 
 // mma-smem / mma-dram (see the header); red: NW x RT * 16 partials, out: R results. Needs ns >= MMA_U.
-template <bool SMEM>
+template <bool SMEM, int NA = 1>
 MK_DEV void mma_matvec(const mk_bf16* W, const mk_bf16* rows, int KS, int R, int K, const float* sv, mk_bf16* hl,
                        float* red, float* out) {
     const int nch = K >> 3, ns = (nch + 3) >> 2, RT = (R + 15) >> 4, T = RT * ns, RP = RT * 16;
@@ -225,7 +249,7 @@ MK_DEV void mma_matvec(const mk_bf16* W, const mk_bf16* rows, int KS, int R, int
     __syncthreads();
     const int lo = share_lo(warp, T), hi = share_lo(warp + 1, T);
     int tile = lo / ns, s0 = lo - tile * ns, cur = tile;
-    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    float d[NA][4] = {};
     for (int base = lo; base < hi; base += MMA_U) {
         uint4 wa[MMA_U], wb[MMA_U];   // rows g, g + 8 of MMA_U steps: all loads issued before any mma
 #pragma unroll
@@ -252,7 +276,7 @@ MK_DEV void mma_matvec(const mk_bf16* W, const mk_bf16* rows, int KS, int R, int
                     for (int q = 0; q < 4; ++q) a[q] = word(a_row8(q) ? wb[j] : wa[j], a_word(m, q));
                     b[0] = word(x, b_word(m, 0));
                     b[1] = word(x, b_word(m, 1));
-                    mk_mma_bf16(d, a, b);
+                    mk_mma_bf16(d[NA > 1 ? j % NA : 0], a, b);
                 }
             }
         }
@@ -265,6 +289,85 @@ MK_DEV void mma_matvec(const mk_bf16* W, const mk_bf16* rows, int KS, int R, int
         for (int w = 0; w < NW; ++w)
             if (share_has_tile(w, T, ns, r >> 4)) s += red[w * RP + r];
         out[r] = s;
+    }
+    __syncthreads();
+}
+
+// x -> bf16 hi = bf16(x), lo = bf16(x - hi) at hilo_at (the mma modes' B operand); chunks past nch zero
+MK_DEV void make_hilo(const float* sv, mk_bf16* hl, int nch, int ns) {
+    const float4* sv4 = (const float4*)sv;
+    for (int c = threadIdx.x; c < 4 * ns; c += NT) {
+        float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
+        if (c < nch) {
+            const int s = (c >> 2) & 1;   // svx: chunk c's 16-byte halves swapped when bit 2 of c is set
+            a = sv4[(2 * c) ^ s];
+            b = sv4[(2 * c + 1) ^ s];
+        }
+        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        unsigned h[4], l[4];
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            h[q] = pack_bf16x2(v[2 * q], v[2 * q + 1]);
+            l[q] = pack_bf16x2(v[2 * q] - __uint_as_float(h[q] << 16),
+                               v[2 * q + 1] - __uint_as_float(h[q] & 0xffff0000u));
+        }
+        *(uint4*)(hl + hilo_at(8 * c)) = make_uint4(h[0], h[1], h[2], h[3]);
+        *(uint4*)(hl + hilo_at(8 * c) + 32) = make_uint4(l[0], l[1], l[2], l[3]);
+    }
+}
+
+// mma-ldsm (see the header). rows: (R + 15) / 16 whole tiles, stride KS; red: NW x 16 partials; out: R results.
+MK_DEV void mma_ldsm(const mk_bf16* rows, int KS, int R, int K, const float* sv, mk_bf16* hl, float* red,
+                     float* out) {
+    const int nch = K >> 3, ns = (nch + 3) >> 2, S = K >> 4, T = (R + 15) >> 4, WPT = NW / T;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    make_hilo(sv, hl, nch, ns);
+    __syncthreads();
+    if (warp < T * WPT) {
+        const int tile = warp / WPT, part = warp - tile * WPT;
+        const int s0 = part * S / WPT, s1 = (part + 1) * S / WPT;
+        // lane l: row l % 16 of the tile, k half (l / 16) * 8 of the step (ldmatrix tiles m0..m3 = the A fragment)
+        const unsigned abase = mk_smem_addr(rows + (tile * 16 + (lane & 15)) * KS + (lane >> 4) * 8);
+        const mk_bf16* bsrc = hl + 32 * (g & 1);
+        float d[MMA_U][4] = {};
+        int s = s0;
+        for (; s + MMA_U <= s1; s += MMA_U) {
+            unsigned a[MMA_U][4], b[MMA_U][2];
+#pragma unroll
+            for (int j = 0; j < MMA_U; ++j) {
+                mk_ldsm_x4(abase + (s + j) * 32, a[j]);
+                const int k = 16 * (s + j) + 2 * t;
+                b[j][0] = g < 2 ? *(const unsigned*)(bsrc + hilo_at(k)) : 0u;
+                b[j][1] = g < 2 ? *(const unsigned*)(bsrc + hilo_at(k + 8)) : 0u;
+            }
+#pragma unroll
+            for (int j = 0; j < MMA_U; ++j) mk_mma_bf16(d[j], a[j], b[j]);
+        }
+        for (; s < s1; ++s) {
+            unsigned a[4], b[2];
+            mk_ldsm_x4(abase + s * 32, a);
+            const int k = 16 * s + 2 * t;
+            b[0] = g < 2 ? *(const unsigned*)(bsrc + hilo_at(k)) : 0u;
+            b[1] = g < 2 ? *(const unsigned*)(bsrc + hilo_at(k + 8)) : 0u;
+            mk_mma_bf16(d[0], a, b);
+        }
+        float lo8 = 0.f, hi8 = 0.f;
+#pragma unroll
+        for (int j = 0; j < MMA_U; ++j) {
+            lo8 += d[j][0] + d[j][1];
+            hi8 += d[j][2] + d[j][3];
+        }
+        if (t == 0) {
+            red[warp * 16 + g] = lo8;
+            red[warp * 16 + g + 8] = hi8;
+        }
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < R; r += NT) {
+        const int tile = r >> 4;
+        float v = 0.f;
+        for (int q = 0; q < WPT; ++q) v += red[(tile * WPT + q) * 16 + (r & 15)];
+        out[r] = v;
     }
     __syncthreads();
 }
@@ -291,6 +394,8 @@ __global__ void __launch_bounds__(NT, 1) probe(const mk_bf16* pool, size_t buf, 
             const int r = e / (K >> 3), c = e - r * (K >> 3);
             *(uint4*)(rows + r * KS + 8 * c) = *(const uint4*)(src + (size_t)r * K + 8 * c);
         }
+        for (int e = R * KS + threadIdx.x; e < (R + 15) / 16 * 16 * KS; e += NT) rows[e] = mk_f2bf(0.f);
+
     }
     uint4 w[2][U];   // fma-dram: the kernel matvec's registers
     MvBatch b;
@@ -302,8 +407,9 @@ __global__ void __launch_bounds__(NT, 1) probe(const mk_bf16* pool, size_t buf, 
         if (MODE == FMA_SMEM) fma_smem(rows, KS, R, K, sv, red, out);
         else if (MODE == FMA_SMEM_ROWS) fma_smem_rows(rows, KS, R, K, sv, out);
         else if (MODE == NOOP) __syncthreads();
+        else if (MODE == MMA_LDSM) mma_ldsm(rows, KS, R, K, sv, hl, red, out);
         else if (MODE == FMA_DRAM) matvec(RowMap{Wr, 0, R, 0}, R, K, sv, red, out, w, b, false);
-        else mma_matvec<is_smem(MODE)>(Wr, rows, KS, R, K, sv, hl, red, out);
+        else mma_matvec<is_smem(MODE), MODE == MMA_SMEM_ACC ? MMA_U : 1>(Wr, rows, KS, R, K, sv, hl, red, out);
         if (threadIdx.x == 0 && rep > 0) ns[(size_t)(rep - 1) * gridDim.x + blockIdx.x] = mk_globaltimer() - t0;
     }
     for (int r = threadIdx.x; r < R; r += NT) out_g[(size_t)blockIdx.x * R + r] = out[r];
@@ -449,8 +555,13 @@ int main() {
             case FMA_SMEM_ROWS: e = launch<FMA_SMEM_ROWS>(nsm, smem, pool, buf, nbuf, x, R, K, ns, out); break;
             case MMA_SMEM: e = launch<MMA_SMEM>(nsm, smem, pool, buf, nbuf, x, R, K, ns, out); break;
             case MMA_SMEM_PAD: e = launch<MMA_SMEM_PAD>(nsm, smem, pool, buf, nbuf, x, R, K, ns, out); break;
+            case MMA_SMEM_ACC: e = launch<MMA_SMEM_ACC>(nsm, smem, pool, buf, nbuf, x, R, K, ns, out); break;
+            case MMA_LDSM: e = launch<MMA_LDSM>(nsm, smem, pool, buf, nbuf, x, R, K, ns, out); break;
             case FMA_DRAM: e = launch<FMA_DRAM>(nsm, smem, pool, buf, nbuf, x, R, K, ns, out); break;
             case MMA_DRAM: e = launch<MMA_DRAM>(nsm, smem, pool, buf, nbuf, x, R, K, ns, out); break;
+            // the L2 modes: the DRAM kernels on one buffer (the one the reference sums), read by every call
+            case FMA_L2: e = launch<FMA_DRAM>(nsm, smem, pool + (size_t)last * buf, buf, 1, x, R, K, ns, out); break;
+            case MMA_L2: e = launch<MMA_DRAM>(nsm, smem, pool + (size_t)last * buf, buf, 1, x, R, K, ns, out); break;
             default: e = launch<NOOP>(nsm, smem, pool, buf, nbuf, x, R, K, ns, out); break;
             }
             std::vector<unsigned long long> h((size_t)REPS * nsm);
