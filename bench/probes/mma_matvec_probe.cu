@@ -56,6 +56,10 @@
 // 3.81, mma-smem-pad 3.30, fma-dram 5.06, mma-dram 6.14; 0.5B DOWN (7 x 4864) 1.76 / 3.71 / 3.55 / 3.23 / 5.28; 1.5B
 // GATEUP (136 x 1536, DRAM only) fma 13.98, mma 15.14; 16 x 896 fma-smem 0.90, mma-smem 1.54. The fragment map check
 // passed, mma errors 4-5e-6 (fma 1-3e-7): the tensor-core loop as written is slower than the FMA loop in every mode.
+// Session 18 (calls 1, 3, 4; the fma modes still with the branchy mv_dot of before a1e3c25): 74 x 896 fma-smem-rows
+// 2.21, mma-smem-acc 3.42, mma-ldsm 2.37, fma-dram 4.99 against fma-l2 4.67; 7 x 4864 fma-dram 3.30 / fma-l2 2.85;
+// 16 x 896 1.38 / 0.99: rows in L2 stream only 6-14 % faster than from HBM at the kernel's bytes in flight.
+// ptxas -v: mma-smem-acc 114 / 0, mma-ldsm 76 / 0.
 #include "mk_vendor.h"
 #include "mk_isa.h"
 
