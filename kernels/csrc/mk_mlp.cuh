@@ -7,8 +7,12 @@
 // Included by monokernel.cu only (one translation unit); relies on its includes and defines.
 #pragma once
 
-// Wd^T loads in flight per thread in the DOWN share.
+// Wd^T loads in flight per thread in the DOWN share: a thread's rows take ceil(rows / (G x depth)) load rounds, one
+// after the other. Overridable for experiments (KOG_NVCC_FLAGS="-DMLP_DOWN_DEPTH=12", part of the build's cache key):
+// 12 still fits 128 registers without spills, 16 spills.
+#ifndef MLP_DOWN_DEPTH
 #define MLP_DOWN_DEPTH 8
+#endif
 
 // out: gate rows [0, a1) then up rows [a1, 2 a1) of the unscaled vector, rs their RMS factor; red: scratch of
 // schedule.mlp_partial_floats(d) floats. Ends with this CTA's adds issued (the caller's signal releases them).
