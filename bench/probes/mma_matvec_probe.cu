@@ -225,14 +225,10 @@ MK_DEV void mma_flush(float* redw, float (&d)[NA][4], int g, int t) {
     if (t == 0) { redw[g] = s0; redw[g + 8] = s1; }
 }
 
-// mma-smem / mma-dram (see the header); red: NW x RT * 16 partials, out: R results. Needs ns >= MMA_U.
-template <bool SMEM, int NA = 1>
-MK_DEV void mma_matvec(const mk_bf16* W, const mk_bf16* rows, int KS, int R, int K, const float* sv, mk_bf16* hl,
-                       float* red, float* out) {
-    const int nch = K >> 3, ns = (nch + 3) >> 2, RT = (R + 15) >> 4, T = RT * ns, RP = RT * 16;
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+// x -> bf16 hi = bf16(x), lo = bf16(x - hi) at hilo_at (the mma modes' B operand); chunks past nch zero
+MK_DEV void make_hilo(const float* sv, mk_bf16* hl, int nch, int ns) {
     const float4* sv4 = (const float4*)sv;
-    for (int c = threadIdx.x; c < 4 * ns; c += NT) {   // x -> hi, lo; chunks past nch zero
+    for (int c = threadIdx.x; c < 4 * ns; c += NT) {
         float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
         if (c < nch) {
             const int s = (c >> 2) & 1;   // svx: chunk c's 16-byte halves swapped when bit 2 of c is set
@@ -250,6 +246,15 @@ MK_DEV void mma_matvec(const mk_bf16* W, const mk_bf16* rows, int KS, int R, int
         *(uint4*)(hl + hilo_at(8 * c)) = make_uint4(h[0], h[1], h[2], h[3]);
         *(uint4*)(hl + hilo_at(8 * c) + 32) = make_uint4(l[0], l[1], l[2], l[3]);
     }
+}
+
+// mma-smem / mma-dram (see the header); red: NW x RT * 16 partials, out: R results. Needs ns >= MMA_U.
+template <bool SMEM, int NA = 1>
+MK_DEV void mma_matvec(const mk_bf16* W, const mk_bf16* rows, int KS, int R, int K, const float* sv, mk_bf16* hl,
+                       float* red, float* out) {
+    const int nch = K >> 3, ns = (nch + 3) >> 2, RT = (R + 15) >> 4, T = RT * ns, RP = RT * 16;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+    make_hilo(sv, hl, nch, ns);
     __syncthreads();
     const int lo = share_lo(warp, T), hi = share_lo(warp + 1, T);
     int tile = lo / ns, s0 = lo - tile * ns, cur = tile;
@@ -295,29 +300,6 @@ MK_DEV void mma_matvec(const mk_bf16* W, const mk_bf16* rows, int KS, int R, int
         out[r] = s;
     }
     __syncthreads();
-}
-
-// x -> bf16 hi = bf16(x), lo = bf16(x - hi) at hilo_at (the mma modes' B operand); chunks past nch zero
-MK_DEV void make_hilo(const float* sv, mk_bf16* hl, int nch, int ns) {
-    const float4* sv4 = (const float4*)sv;
-    for (int c = threadIdx.x; c < 4 * ns; c += NT) {
-        float4 a = make_float4(0.f, 0.f, 0.f, 0.f), b = a;
-        if (c < nch) {
-            const int s = (c >> 2) & 1;   // svx: chunk c's 16-byte halves swapped when bit 2 of c is set
-            a = sv4[(2 * c) ^ s];
-            b = sv4[(2 * c + 1) ^ s];
-        }
-        const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-        unsigned h[4], l[4];
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            h[q] = pack_bf16x2(v[2 * q], v[2 * q + 1]);
-            l[q] = pack_bf16x2(v[2 * q] - __uint_as_float(h[q] << 16),
-                               v[2 * q + 1] - __uint_as_float(h[q] & 0xffff0000u));
-        }
-        *(uint4*)(hl + hilo_at(8 * c)) = make_uint4(h[0], h[1], h[2], h[3]);
-        *(uint4*)(hl + hilo_at(8 * c) + 32) = make_uint4(l[0], l[1], l[2], l[3]);
-    }
 }
 
 // mma-ldsm (see the header). rows: (R + 15) / 16 whole tiles, stride KS; red: NW x 16 partials; out: R results.
