@@ -57,9 +57,11 @@ MK_DEV void mv_load(const RowMap& m, int R, int K, int bi, uint4 (&w)[2][U], MvB
 // The dot products of one batch (as loaded by mv_load) into red[row * ipr + g] (g: the batch's chunk group).
 // sv is in the swizzled layout (svx): the 8 activations of chunk c are the 16-byte units 2c ^ s and (2c + 1) ^ s,
 // s = bit 2 of c, so the lanes of a quarter-warp read 8 distinct bank groups (no conflict).
-MK_DEV void mv_dot(int nch, const float* sv, float* red, const uint4 (&w)[2][U], const MvBatch& b) {
+// mv_products: the batch's two row sums of this lane; mv_finish: the warp sums into red; mv_dot: both.
+MK_DEV void mv_products(int nch, const float* sv, const uint4 (&w)[2][U], const MvBatch& b, float& acc0, float& acc1) {
     const float4* sv4 = (const float4*)sv;
-    float acc0 = 0.f, acc1 = 0.f;
+    acc0 = 0.f;
+    acc1 = 0.f;
 #if MK_MV_PIPE || MK_TP
 #pragma unroll
     for (int j = 0; j < U; ++j) {
@@ -82,12 +84,21 @@ MK_DEV void mv_dot(int nch, const float* sv, float* red, const uint4 (&w)[2][U],
         dot8x2(w[0][j], w[1][j], sv4[(2 * c) ^ s], sv4[(2 * c + 1) ^ s], acc0, acc1);
     }
 #endif
+}
+
+MK_DEV void mv_finish(int nch, float* red, const MvBatch& b, float acc0, float acc1) {
     acc0 = warp_sum(acc0);
     acc1 = warp_sum(acc1);
     if ((threadIdx.x & 31) == 0 && b.c0 < nch) {   // lane 0's c0 < nch exactly when the batch has rows
         red[b.red0] = acc0;
         if (b.red1 >= 0) red[b.red1] = acc1;
     }
+}
+
+MK_DEV void mv_dot(int nch, const float* sv, float* red, const uint4 (&w)[2][U], const MvBatch& b) {
+    float acc0, acc1;
+    mv_products(nch, sv, w, b, acc0, acc1);
+    mv_finish(nch, red, b, acc0, acc1);
 }
 
 // After every warp's batches: out[r] = the sum of row r's ipr partials in red, in chunk-group order. Syncs before
@@ -135,6 +146,18 @@ MK_DEV void matvec(const RowMap& m, int R, int K, const float* sv, float* red, f
     // warp sums are the outputs themselves: one barrier, no reduction pass. bench/NOTES.md (session 11): ~-0.1 us
     // per matvec stage in the 0.5B trace against the loop over every batch followed by mv_reduce.
     float* dst = ipr == 1 ? out : red;
+#if MK_MV_EARLY_NEXT
+    // Experiment (build flag -DMK_MV_EARLY_NEXT=1; bench/NOTES.md session 18): the next batch's loads are issued as
+    // soon as this batch's products have read the weight registers, before its warp sums and stores.
+    if (warp < nb && !preloaded) mv_load(m, R, K, warp, w, b);
+    for (int bi = warp; bi < nb; bi += NW) {
+        float acc0, acc1;
+        mv_products(nch, sv, w, b, acc0, acc1);
+        const MvBatch done = b;
+        if (bi + NW < nb) mv_load(m, R, K, bi + NW, w, b);
+        mv_finish(nch, dst, done, acc0, acc1);
+    }
+#else
     if (warp < nb) {
         if (!preloaded) mv_load(m, R, K, warp, w, b);
         mv_dot(nch, sv, dst, w, b);
@@ -143,6 +166,7 @@ MK_DEV void matvec(const RowMap& m, int R, int K, const float* sv, float* red, f
         mv_load(m, R, K, bi, w, b);
         mv_dot(nch, sv, dst, w, b);
     }
+#endif
     if (ipr == 1) __syncthreads();
     else mv_reduce(R, ipr, red, out);
 #endif
