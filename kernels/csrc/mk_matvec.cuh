@@ -136,8 +136,16 @@ MK_DEV void matvec(const RowMap& m, int R, int K, const float* sv, float* red, f
     for (int bi = warp; bi < nb; bi += 2 * NW) {
         const int bj = bi + NW;
         if (bj < nb) mv_load(m, R, K, bj, w2, b2);                    // in flight while batch bi runs
+#if MK_MV_EARLY_NEXT   // experiment: set 1's next loads before batch bi's warp sums (see the one-set loop)
+        float acc0, acc1;
+        mv_products(nch, sv, w, b, acc0, acc1);
+        const MvBatch done = b;
+        if (bj + NW < nb) mv_load(m, R, K, bj + NW, w, b);
+        mv_finish(nch, red, done, acc0, acc1);
+#else
         mv_dot(nch, sv, red, w, b);
         if (bj + NW < nb) mv_load(m, R, K, bj + NW, w, b);            // in flight during batch bj
+#endif
         if (bj < nb) mv_dot(nch, sv, red, w2, b2);
     }
     mv_reduce(R, ipr, red, out);
