@@ -101,6 +101,18 @@ MK_DEV void mv_dot(int nch, const float* sv, float* red, const uint4 (&w)[2][U],
     mv_finish(nch, red, b, acc0, acc1);
 }
 
+// The batch in w / b, with batch `next`'s loads (if next < nb) issued into w / b between its products and its warp
+// sums (the MK_MV_EARLY_NEXT experiment).
+MK_DEV void mv_dot_load_next(const RowMap& m, int R, int K, const float* sv, float* red, int next, int nb,
+                             uint4 (&w)[2][U], MvBatch& b) {
+    const int nch = K >> 3;
+    float acc0, acc1;
+    mv_products(nch, sv, w, b, acc0, acc1);
+    const MvBatch done = b;
+    if (next < nb) mv_load(m, R, K, next, w, b);
+    mv_finish(nch, red, done, acc0, acc1);
+}
+
 // After every warp's batches: out[r] = the sum of row r's ipr partials in red, in chunk-group order. Syncs before
 // and after.
 MK_DEV void mv_reduce(int R, int ipr, const float* red, float* out) {
@@ -137,11 +149,7 @@ MK_DEV void matvec(const RowMap& m, int R, int K, const float* sv, float* red, f
         const int bj = bi + NW;
         if (bj < nb) mv_load(m, R, K, bj, w2, b2);                    // in flight while batch bi runs
 #if MK_MV_EARLY_NEXT   // experiment: set 1's next loads before batch bi's warp sums (see the one-set loop)
-        float acc0, acc1;
-        mv_products(nch, sv, w, b, acc0, acc1);
-        const MvBatch done = b;
-        if (bj + NW < nb) mv_load(m, R, K, bj + NW, w, b);
-        mv_finish(nch, red, done, acc0, acc1);
+        mv_dot_load_next(m, R, K, sv, red, bj + NW, nb, w, b);
 #else
         mv_dot(nch, sv, red, w, b);
         if (bj + NW < nb) mv_load(m, R, K, bj + NW, w, b);            // in flight during batch bj
@@ -158,13 +166,7 @@ MK_DEV void matvec(const RowMap& m, int R, int K, const float* sv, float* red, f
     // Experiment (build flag -DMK_MV_EARLY_NEXT=1; bench/NOTES.md session 18): the next batch's loads are issued as
     // soon as this batch's products have read the weight registers, before its warp sums and stores.
     if (warp < nb && !preloaded) mv_load(m, R, K, warp, w, b);
-    for (int bi = warp; bi < nb; bi += NW) {
-        float acc0, acc1;
-        mv_products(nch, sv, w, b, acc0, acc1);
-        const MvBatch done = b;
-        if (bi + NW < nb) mv_load(m, R, K, bi + NW, w, b);
-        mv_finish(nch, dst, done, acc0, acc1);
-    }
+    for (int bi = warp; bi < nb; bi += NW) mv_dot_load_next(m, R, K, sv, dst, bi + NW, nb, w, b);
 #else
     if (warp < nb) {
         if (!preloaded) mv_load(m, R, K, warp, w, b);
