@@ -16,7 +16,7 @@
 #ifndef MK_MV_PIPE
 #define MK_MV_PIPE 0
 #endif
-#ifndef MK_MV_EARLY_NEXT   // experiment switch of the one-set matvec loop (mk_matvec.cuh); 0 = the product's loop
+#ifndef MK_MV_EARLY_NEXT   // experiment switch of both matvec loops (mk_matvec.cuh); 0 = the product's loops
 #define MK_MV_EARLY_NEXT 0
 #endif
 #if MK_MV_PIPE && MK_TP
