@@ -59,20 +59,29 @@ def variant_flags(tp: bool, pipe: bool = False, cluster: bool = False, *, head_d
             f"-DMK_HEAD_DIM={head_dim}") + (() if tp else ONE_GPU_FLAGS)
 
 
-def source_hash(tp: bool = False, pipe: bool = False, cluster: bool = False, *, head_dim: int) -> str:
+def nvcc_flags(tp: bool, pipe: bool, cluster: bool, *, head_dim: int, extra: tuple[str, ...]) -> tuple[str, ...]:
+    """Every nvcc flag of the variant's build, extra (extra_flags()) last: what the cache key hashes and nvcc gets."""
+    return (ARCH,) + FLAGS + variant_flags(tp, pipe, cluster, head_dim=head_dim) + extra
+
+
+def source_hash(tp: bool = False, pipe: bool = False, cluster: bool = False, *, head_dim: int,
+                extra: tuple[str, ...] | None = None) -> str:
+    """The variant's cache key; extra: the extra nvcc flags (None: read KOG_NVCC_FLAGS now)."""
     h = hashlib.sha256()
     for name in SOURCES:
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
     h.update(isa.render_header().encode())
-    h.update(" ".join((ARCH,) + FLAGS + variant_flags(tp, pipe, cluster, head_dim=head_dim) + extra_flags()).encode())
+    flags = nvcc_flags(tp, pipe, cluster, head_dim=head_dim, extra=extra_flags() if extra is None else extra)
+    h.update(" ".join(flags).encode())
     return h.hexdigest()[:16]
 
 
 def build(verbose: bool = False, tp: bool = False, pipe: bool = False, cluster: bool = False, *,
           head_dim: int) -> Path:
     """-> path of libmonokernel.so of the variant (built if the cache has none for these sources)."""
-    out_dir = cache_root() / source_hash(tp, pipe, cluster, head_dim=head_dim)
+    extra = extra_flags()   # one read: the cache key and the command line agree
+    out_dir = cache_root() / source_hash(tp, pipe, cluster, head_dim=head_dim, extra=extra)
     lib = out_dir / "libmonokernel.so"
     if lib.exists():
         return lib
@@ -84,9 +93,8 @@ def build(verbose: bool = False, tp: bool = False, pipe: bool = False, cluster: 
     # always the one kernels/isa.py describes (tests check the checked-in copy matches too).
     (out_dir / "mk_isa.h").write_text(isa.render_header())
     tmp = out_dir / f"libmonokernel.{os.getpid()}.so"
-    extra = extra_flags()
-    cmd = [nvcc, ARCH, *FLAGS, *variant_flags(tp, pipe, cluster, head_dim=head_dim), *extra, f"-I{out_dir}",
-           f"-I{CSRC}", "-o", str(tmp), str(CSRC / "monokernel.cu")]
+    cmd = [nvcc, *nvcc_flags(tp, pipe, cluster, head_dim=head_dim, extra=extra), f"-I{out_dir}", f"-I{CSRC}", "-o",
+           str(tmp), str(CSRC / "monokernel.cu")]
     what = ("tensor-parallel monokernel" if tp else "monokernel (pipelined matvec)" if pipe else "monokernel") + \
         (" with cluster attention" if cluster else "") + f" for head_dim {head_dim}"
     flags_note = f" (extra flags: {' '.join(extra)})" if extra else ""
