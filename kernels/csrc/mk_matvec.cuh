@@ -57,11 +57,9 @@ MK_DEV void mv_load(const RowMap& m, int R, int K, int bi, uint4 (&w)[2][U], MvB
 // The dot products of one batch (as loaded by mv_load) into red[row * ipr + g] (g: the batch's chunk group).
 // sv is in the swizzled layout (svx): the 8 activations of chunk c are the 16-byte units 2c ^ s and (2c + 1) ^ s,
 // s = bit 2 of c, so the lanes of a quarter-warp read 8 distinct bank groups (no conflict).
-// mv_products: the batch's two row sums of this lane; mv_finish: the warp sums into red; mv_dot: both.
-MK_DEV void mv_products(int nch, const float* sv, const uint4 (&w)[2][U], const MvBatch& b, float& acc0, float& acc1) {
+MK_DEV void mv_dot(int nch, const float* sv, float* red, const uint4 (&w)[2][U], const MvBatch& b) {
     const float4* sv4 = (const float4*)sv;
-    acc0 = 0.f;
-    acc1 = 0.f;
+    float acc0 = 0.f, acc1 = 0.f;
 #if MK_MV_PIPE || MK_TP
 #pragma unroll
     for (int j = 0; j < U; ++j) {
@@ -84,33 +82,12 @@ MK_DEV void mv_products(int nch, const float* sv, const uint4 (&w)[2][U], const 
         dot8x2(w[0][j], w[1][j], sv4[(2 * c) ^ s], sv4[(2 * c + 1) ^ s], acc0, acc1);
     }
 #endif
-}
-
-MK_DEV void mv_finish(int nch, float* red, const MvBatch& b, float acc0, float acc1) {
     acc0 = warp_sum(acc0);
     acc1 = warp_sum(acc1);
     if ((threadIdx.x & 31) == 0 && b.c0 < nch) {   // lane 0's c0 < nch exactly when the batch has rows
         red[b.red0] = acc0;
         if (b.red1 >= 0) red[b.red1] = acc1;
     }
-}
-
-MK_DEV void mv_dot(int nch, const float* sv, float* red, const uint4 (&w)[2][U], const MvBatch& b) {
-    float acc0, acc1;
-    mv_products(nch, sv, w, b, acc0, acc1);
-    mv_finish(nch, red, b, acc0, acc1);
-}
-
-// The batch in w / b, with batch `next`'s loads (if next < nb) issued into w / b between its products and its warp
-// sums (the MK_MV_EARLY_NEXT experiment).
-MK_DEV void mv_dot_load_next(const RowMap& m, int R, int K, const float* sv, float* red, int next, int nb,
-                             uint4 (&w)[2][U], MvBatch& b) {
-    const int nch = K >> 3;
-    float acc0, acc1;
-    mv_products(nch, sv, w, b, acc0, acc1);
-    const MvBatch done = b;
-    if (next < nb) mv_load(m, R, K, next, w, b);
-    mv_finish(nch, red, done, acc0, acc1);
 }
 
 // After every warp's batches: out[r] = the sum of row r's ipr partials in red, in chunk-group order. Syncs before
@@ -148,12 +125,8 @@ MK_DEV void matvec(const RowMap& m, int R, int K, const float* sv, float* red, f
     for (int bi = warp; bi < nb; bi += 2 * NW) {
         const int bj = bi + NW;
         if (bj < nb) mv_load(m, R, K, bj, w2, b2);                    // in flight while batch bi runs
-#if MK_MV_EARLY_NEXT   // experiment: set 1's next loads before batch bi's warp sums (see the one-set loop)
-        mv_dot_load_next(m, R, K, sv, red, bj + NW, nb, w, b);
-#else
         mv_dot(nch, sv, red, w, b);
         if (bj + NW < nb) mv_load(m, R, K, bj + NW, w, b);            // in flight during batch bj
-#endif
         if (bj < nb) mv_dot(nch, sv, red, w2, b2);
     }
     mv_reduce(R, ipr, red, out);
@@ -162,12 +135,6 @@ MK_DEV void matvec(const RowMap& m, int R, int K, const float* sv, float* red, f
     // warp sums are the outputs themselves: one barrier, no reduction pass. bench/NOTES.md (session 11): ~-0.1 us
     // per matvec stage in the 0.5B trace against the loop over every batch followed by mv_reduce.
     float* dst = ipr == 1 ? out : red;
-#if MK_MV_EARLY_NEXT
-    // Experiment (build flag -DMK_MV_EARLY_NEXT=1; bench/NOTES.md session 18): the next batch's loads are issued as
-    // soon as this batch's products have read the weight registers, before its warp sums and stores.
-    if (warp < nb && !preloaded) mv_load(m, R, K, warp, w, b);
-    for (int bi = warp; bi < nb; bi += NW) mv_dot_load_next(m, R, K, sv, dst, bi + NW, nb, w, b);
-#else
     if (warp < nb) {
         if (!preloaded) mv_load(m, R, K, warp, w, b);
         mv_dot(nch, sv, dst, w, b);
@@ -176,7 +143,6 @@ MK_DEV void matvec(const RowMap& m, int R, int K, const float* sv, float* red, f
         mv_load(m, R, K, bi, w, b);
         mv_dot(nch, sv, dst, w, b);
     }
-#endif
     if (ipr == 1) __syncthreads();
     else mv_reduce(R, ipr, red, out);
 #endif

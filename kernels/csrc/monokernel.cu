@@ -16,9 +16,6 @@
 #ifndef MK_MV_PIPE
 #define MK_MV_PIPE 0
 #endif
-#ifndef MK_MV_EARLY_NEXT   // experiment switch of both matvec loops (mk_matvec.cuh); 0 = the product's loops
-#define MK_MV_EARLY_NEXT 0
-#endif
 #if MK_MV_PIPE && MK_TP
 #error "the pipelined matvec needs the registers the tensor-parallel exchange holds (one-set loop only)"
 #endif
