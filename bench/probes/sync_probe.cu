@@ -27,6 +27,20 @@
 //                 the handoff (its L2 round trips queue behind the stream); if deep is free, only a consumer
 //                 that needs its loads right after the wait pays.
 //
+//   fan<K>        (session 19) the counter in K copies 128 bytes apart: the producer's thread 0 fences once
+//                 (fence.acq_rel.gpu) and adds to every copy with relaxed reds (a release pattern), each consumer
+//                 polls copy blockIdx % K, so K times fewer CTAs poll one line; fan<K>-nodata reads no payload
+//   fanin<K>-nodata  the other way round: the producer adds (red.release) to copy blockIdx % K only, and lanes
+//                 0 .. K - 1 of the consumer's warp 0 poll one copy each until their sum is the count
+//   relaxed-nodata  no fence and no acquire at all (relaxed red, relaxed polls; not a valid handoff of data): the
+//                 floor the ordering costs sit on
+//   rel-rlxpoll[-nodata]  the producer's release as the kernel's, the consumer polling with relaxed loads and no
+//                 fence after (its payload loads are L2 loads, ld.global.cg, issued after the bar.sync that follows
+//                 the poll): which side of the handoff the ordering costs sit on
+//   rlxred-nodata the producer's add without the release (no fence), acquire polls as the kernel's
+//   counter-rlx   the consumer polls with relaxed loads and fences once when the count is reached
+//   counter-sleep the consumer backs off 32 ns between polls (fewer requests queued on the line)
+//
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I kernels/csrc bench/probes/sync_probe.cu \
 //        -o /tmp/sync_probe && /tmp/sync_probe
 // Prints one line per mode (us per stage), then a JSON line.
@@ -36,6 +50,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #define NT 512
@@ -46,7 +61,9 @@
 // NL: 16-byte weight loads per thread in flight at the release (the loads modes: 8 KB per CTA per unit);
 // the l2pf modes ask for NL x 512 bytes per warp (the same bytes per CTA).
 enum Mode { COUNTER, COUNTER_NODATA, LL, COUNTER_LOADS, COUNTER_LOADS_W1, LL_LOADS, COUNTER_PF, COUNTER_PF_W1,
-            COUNTER_TMA, COUNTER_TMA_W1, COUNTER_DEEP };
+            COUNTER_TMA, COUNTER_TMA_W1, COUNTER_DEEP, FAN, FAN_NODATA, COUNTER_RLX, COUNTER_SLEEP, FANIN_NODATA, RELAXED_NODATA, REL_RLXPOLL_NODATA, REL_RLXPOLL, RLXRED_NODATA };
+#define FAN_STRIDE 32       // words between a counter's copies (one 128-byte line each)
+#define FAN_MAX 16
 #define TMA_BYTES 32768
 
 
@@ -62,6 +79,17 @@ MK_DEV unsigned long long ld_relaxed_u64(const unsigned long long* p) {
 }
 
 // buf: [2][D] floats (counter modes) or [2][D] u64 (ll modes); ctr: [NS] counters; W: weight buffer (loads modes).
+MK_DEV unsigned ld_relaxed_u32(const unsigned* p) {
+    unsigned v;
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+MK_DEV void fence_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
+MK_DEV void red_relaxed(unsigned* p, unsigned v) {
+    asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+
+// NL: loads per thread (loads modes) or counter copies (fan modes).
 template <int MODE, int NL = 4>
 __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* llb, unsigned* ctr, const uint4* W,
                                                size_t wchunks, unsigned long long* out_ns) {
@@ -75,7 +103,8 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
     const int nb = gridDim.x, D = nb * E;
     constexpr bool kLL = MODE == LL || MODE == LL_LOADS;
     constexpr bool kDeep = MODE == COUNTER_DEEP;
-    constexpr bool kLoads = MODE == COUNTER_LOADS || MODE == COUNTER_LOADS_W1 || MODE == LL_LOADS || kDeep;
+    constexpr bool kFan = MODE == FAN || MODE == FAN_NODATA || MODE == FANIN_NODATA;
+    constexpr bool kLoads = !kFan && (MODE == COUNTER_LOADS || MODE == COUNTER_LOADS_W1 || MODE == LL_LOADS || kDeep);
     const bool loader = kLoads && !(MODE == COUNTER_LOADS_W1 && threadIdx.x < 32);
     constexpr bool kPf = MODE == COUNTER_PF || MODE == COUNTER_PF_W1;
     const bool prefetcher = kPf && !(MODE == COUNTER_PF_W1 && threadIdx.x < 32);
@@ -95,10 +124,28 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
                     acc += __uint_as_float((unsigned)v);
                 }
             } else {
-                if (threadIdx.x == 0)
-                    while (mk_ld_acquire(ctr + s - 1) < (unsigned)nb) {}
+                if (MODE == FANIN_NODATA && threadIdx.x < 32) {
+                    const unsigned* c = ctr + ((size_t)(s - 1) * FAN_MAX + (threadIdx.x % NL)) * FAN_STRIDE;
+                    const bool mine = threadIdx.x < NL;
+                    while (__reduce_add_sync(0xffffffffu, mine ? mk_ld_acquire(c) : 0u) < (unsigned)nb) {}
+                } else if (threadIdx.x == 0) {
+                    if (MODE == FAN || MODE == FAN_NODATA) {
+                        const unsigned* c = ctr + ((size_t)(s - 1) * FAN_MAX + blockIdx.x % NL) * FAN_STRIDE;
+                        while (mk_ld_acquire(c) < (unsigned)nb) {}
+                    } else if (MODE == RELAXED_NODATA || MODE == REL_RLXPOLL_NODATA || MODE == REL_RLXPOLL) {
+                        while (ld_relaxed_u32(ctr + s - 1) < (unsigned)nb) {}
+                    } else if (MODE == COUNTER_RLX) {
+                        while (ld_relaxed_u32(ctr + s - 1) < (unsigned)nb) {}
+                        fence_gpu();
+                    } else if (MODE == COUNTER_SLEEP) {
+                        while (mk_ld_acquire(ctr + s - 1) < (unsigned)nb) __nanosleep(32);
+                    } else {
+                        while (mk_ld_acquire(ctr + s - 1) < (unsigned)nb) {}
+                    }
+                }
                 __syncthreads();
-                if (MODE != COUNTER_NODATA)
+                if (MODE != COUNTER_NODATA && MODE != FAN_NODATA && MODE != FANIN_NODATA && MODE != RELAXED_NODATA &&
+                    MODE != REL_RLXPOLL_NODATA && MODE != RLXRED_NODATA)
                     for (int i = threadIdx.x; i < D; i += NT) acc += mk_ld_cg(buf + (size_t)src * D + i);
             }
             if (loader && (!kDeep || s >= 2)) {   // deep: the set issued at stage s - 2
@@ -138,7 +185,19 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
         }
         if (!kLL) {
             __syncthreads();
-            if (threadIdx.x == 0) mk_red_release(ctr + s, 1u);
+            if (MODE == FAN || MODE == FAN_NODATA) {
+                if (threadIdx.x == 0) {
+                    fence_gpu();
+#pragma unroll
+                    for (int k = 0; k < NL; ++k) red_relaxed(ctr + ((size_t)s * FAN_MAX + k) * FAN_STRIDE, 1u);
+                }
+            } else if (MODE == RELAXED_NODATA || MODE == RLXRED_NODATA) {
+                if (threadIdx.x == 0) red_relaxed(ctr + s, 1u);
+            } else if (MODE == FANIN_NODATA) {
+                if (threadIdx.x == 0) mk_red_release(ctr + ((size_t)s * FAN_MAX + blockIdx.x % NL) * FAN_STRIDE, 1u);
+            } else if (threadIdx.x == 0) {
+                mk_red_release(ctr + s, 1u);
+            }
         }
     }
     if (threadIdx.x == 0 && blockIdx.x == 0) *out_ns = mk_globaltimer() - t0;
@@ -157,7 +216,8 @@ int main() {
     const size_t wbytes = (size_t)1 << 30;
     cudaMalloc(&buf, sizeof(float) * 2 * D);
     cudaMalloc(&llb, sizeof(unsigned long long) * 2 * D);
-    cudaMalloc(&ctr, sizeof(unsigned) * NS);
+    const size_t nctr = (size_t)NS * FAN_MAX * FAN_STRIDE;   // the fan modes' copies; the others use the first NS
+    cudaMalloc(&ctr, sizeof(unsigned) * nctr);
     cudaMalloc(&ns, sizeof(unsigned long long));
     cudaMalloc(&W, wbytes);
     cudaMemset(W, 0x3c, wbytes);
@@ -168,7 +228,7 @@ int main() {
     auto run = [&](auto kern, int mode, const char* name) {
         double best = 1e30;
         for (int rep = 0; rep < 3; ++rep) {
-            cudaMemset(ctr, 0, sizeof(unsigned) * NS);
+            cudaMemset(ctr, 0, sizeof(unsigned) * nctr);
             cudaMemset(llb, 0, sizeof(unsigned long long) * 2 * D);
             void* args[] = {&buf, &llb, &ctr, &W, (void*)&wchunks, &ns};
             const size_t smem = mode == COUNTER_TMA || mode == COUNTER_TMA_W1 ? TMA_BYTES : 0;
@@ -187,6 +247,7 @@ int main() {
     };
     run(chain<COUNTER>, COUNTER, "counter");
     run(chain<COUNTER_NODATA>, COUNTER_NODATA, "counter-nodata");
+    if (getenv("SYNC_NEW_ONLY") == nullptr) {   // SYNC_NEW_ONLY=1: the two counter modes and session 19's only
     run(chain<LL>, LL, "ll");
     // 8, 16 and 32 KB per CTA in flight (NL = 1, 2, 4); the 32 KB rows are the session-6 modes of the same name
     auto sweep = [&](auto k8, auto k16, auto k32, int mode, const std::string& name) {
@@ -202,6 +263,25 @@ int main() {
     run(chain<COUNTER_PF_W1>, COUNTER_PF_W1, "counter+l2pf-w1");
     run(chain<COUNTER_TMA>, COUNTER_TMA, "counter+tma");
     run(chain<COUNTER_TMA_W1>, COUNTER_TMA_W1, "counter+tma-w1");
+    }
+    // session 19: the signal's cost by how many CTAs poll one line, and by how they poll
+    run(chain<RELAXED_NODATA>, RELAXED_NODATA, "relaxed-nodata");
+    run(chain<REL_RLXPOLL_NODATA>, REL_RLXPOLL_NODATA, "rel-rlxpoll-nodata");
+    run(chain<RLXRED_NODATA>, RLXRED_NODATA, "rlxred-nodata");
+    run(chain<REL_RLXPOLL>, REL_RLXPOLL, "rel-rlxpoll");
+    run(chain<COUNTER_RLX>, COUNTER_RLX, "counter-rlx");
+    run(chain<COUNTER_SLEEP>, COUNTER_SLEEP, "counter-sleep");
+    run(chain<FAN_NODATA, 1>, FAN_NODATA, "fan1-nodata");
+    run(chain<FAN_NODATA, 2>, FAN_NODATA, "fan2-nodata");
+    run(chain<FAN_NODATA, 4>, FAN_NODATA, "fan4-nodata");
+    run(chain<FAN_NODATA, 8>, FAN_NODATA, "fan8-nodata");
+    run(chain<FAN_NODATA, 16>, FAN_NODATA, "fan16-nodata");
+    run(chain<FANIN_NODATA, 4>, FANIN_NODATA, "fanin4-nodata");
+    run(chain<FANIN_NODATA, 16>, FANIN_NODATA, "fanin16-nodata");
+    run(chain<FAN, 1>, FAN, "fan1");
+    run(chain<FAN, 4>, FAN, "fan4");
+    run(chain<FAN, 8>, FAN, "fan8");
+    run(chain<FAN, 16>, FAN, "fan16");
     printf("%s}}\n", json.c_str());
     return 0;
 }
