@@ -13,6 +13,11 @@
 //   fma-rows    the FMA baseline on the same rows in row-major order (row stride K + 8 bf16: conflict-free): warp w
 //               takes rows w, w + 16, ... RB at a time, lanes the 16-byte chunks, fp32 x from shared memory
 //   noop        one barrier: what the timing costs
+//   frag-tk     frag-b with the rows of shapes of at most 16 tiles split by (tile, k-part) instead: P = 16 / RT
+//               k-parts per tile, warp w < RT P takes tile w / P's k-steps of part w % P with two accumulators,
+//               its B fragment loaded per k-step; the P partials of a row are added in part order
+//   frag-k2     frag-b's k-split with two register sets: step s + 1's A and B loads are issued before step s's mma
+//               (shared memory's latency under load is ~150 cycles: a warp needs more than one step in flight)
 //   frag-nored  diagnostic: frag-b without the k-split's sum over the warps' partials (its results are not checked)
 // Work split of the frag modes, by shape: RT = ceil(R / 16) row tiles, KS = K / 16 k-steps.
 //   k-split (RT <= MAXRT): warp w takes k-steps [w KS / 16, (w + 1) KS / 16) of every tile: per k-step one B
@@ -42,8 +47,8 @@
 #define MAXKS 4     // tile-split: B fragments per lane (k-steps)
 #define RB 4        // fma-rows: rows per warp at once
 
-enum { FRAG, FRAG_B, FMA_ROWS, NOOP, FRAG_NORED, NMODES };
-static const char* kModes[NMODES] = {"frag", "frag-b", "fma-rows", "noop", "frag-nored"};
+enum { FRAG, FRAG_B, FMA_ROWS, NOOP, FRAG_NORED, FRAG_TK, FRAG_K2, NMODES };
+static const char* kModes[NMODES] = {"frag", "frag-b", "fma-rows", "noop", "frag-nored", "frag-tk", "frag-k2"};
 
 #define HOSTDEV __host__ __device__ __forceinline__
 HOSTDEV unsigned mix(unsigned h) {
@@ -152,6 +157,91 @@ MK_DEV void frag_matvec(const uint4* rows, const uint2* bf, int R, int K, float*
     __syncthreads();
 }
 
+// frag-tk (see the header); RT <= NW. stamp: when non-null, lane 0 of every warp writes clock64 at the start, after
+// its k-steps and after the partials' barrier (3 words per warp: where a call's cycles go).
+MK_DEV void frag_tk(const uint4* rows, const uint2* bf, int R, int K, float* red, float* out,
+                    long long* stamp = nullptr) {
+    if (stamp != nullptr && (threadIdx.x & 31) == 0) stamp[3 * (threadIdx.x >> 5)] = clock64();
+    const int RT = (R + 15) / 16, KS = K / 16, P = NW / RT, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2;
+    if (warp < RT * P) {
+        const int tile = warp / P, part = warp - tile * P, s0 = part * KS / P, s1 = (part + 1) * KS / P;
+        const uint4* a = rows + (size_t)tile * KS * 32 + lane;
+        float d[2][4] = {};
+        int s = s0;
+        for (; s + 4 <= s1; s += 4) {
+            uint4 av[4];
+            uint2 bv[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                av[j] = a[(s + j) * 32];
+                bv[j] = bf[(s + j) * 32 + lane];
+            }
+#pragma unroll
+            for (int j = 0; j < 4; ++j) mma(d[j & 1], av[j], bv[j]);
+        }
+        for (; s < s1; ++s) mma(d[s & 1], a[s * 32], bf[s * 32 + lane]);
+        if (stamp != nullptr && lane == 0) stamp[3 * warp + 1] = clock64() + (long long)(d[0][0] + d[1][3] == 1.2345f);
+        if ((lane & 3) == 0) {
+            red[(tile * P + part) * 16 + g] = d[0][0] + d[0][1] + d[1][0] + d[1][1];
+            red[(tile * P + part) * 16 + g + 8] = d[0][2] + d[0][3] + d[1][2] + d[1][3];
+        }
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < R; r += NT) {
+        float v = 0.f;
+        for (int q = 0; q < P; ++q) v += red[((r >> 4) * P + q) * 16 + (r & 15)];
+        out[r] = v;
+    }
+    if (stamp != nullptr && (threadIdx.x & 31) == 0) stamp[3 * (threadIdx.x >> 5) + 2] = clock64();
+    __syncthreads();
+}
+
+// frag-k2 (see the header); RT <= MAXRT.
+MK_DEV void frag_k2_load(const uint4* rows, const uint2* bf, int RT, int KS, int s, int lane, uint4 (&a)[MAXRT],
+                         uint2& b) {
+    b = bf[s * 32 + lane];
+#pragma unroll
+    for (int i = 0; i < MAXRT; ++i)
+        if (i < RT) a[i] = rows[(i * KS + s) * 32 + lane];
+}
+MK_DEV void frag_k2_mma(float (&d)[MAXRT][4], int RT, const uint4 (&a)[MAXRT], const uint2 b) {
+#pragma unroll
+    for (int i = 0; i < MAXRT; ++i)
+        if (i < RT) mma(d[i], a[i], b);
+}
+MK_DEV void frag_k2(const uint4* rows, const uint2* bf, int R, int K, float* red, float* out) {
+    const int RT = (R + 15) / 16, KS = K / 16, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    float d[MAXRT][4];
+#pragma unroll
+    for (int i = 0; i < MAXRT; ++i) d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.f;
+    const int s0 = warp * KS / NW, s1 = (warp + 1) * KS / NW;
+    uint4 a0[MAXRT], a1[MAXRT];
+    uint2 b0, b1;
+    if (s0 < s1) frag_k2_load(rows, bf, RT, KS, s0, lane, a0, b0);
+    for (int s = s0; s < s1; s += 2) {
+        if (s + 1 < s1) frag_k2_load(rows, bf, RT, KS, s + 1, lane, a1, b1);
+        frag_k2_mma(d, RT, a0, b0);
+        if (s + 2 < s1) frag_k2_load(rows, bf, RT, KS, s + 2, lane, a0, b0);
+        if (s + 1 < s1) frag_k2_mma(d, RT, a1, b1);
+    }
+    if ((lane & 3) == 0) {
+#pragma unroll
+        for (int i = 0; i < MAXRT; ++i)
+            if (i < RT) {
+                red[(warp * RT + i) * 16 + g] = d[i][0] + d[i][1];
+                red[(warp * RT + i) * 16 + g + 8] = d[i][2] + d[i][3];
+            }
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; r < R; r += NT) {
+        float v = 0.f;
+        for (int w = 0; w < NW; ++w) v += red[(w * RT + (r >> 4)) * 16 + (r & 15)];
+        out[r] = v;
+    }
+    __syncthreads();
+}
+
 // fma-rows (see the header). rows: R x (K + 8) bf16.
 MK_DEV void fma_rows(const mk_bf16* rows, const float* x, int R, int K, float* out) {
     const int KP = K + 8, nch = K >> 3, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -207,7 +297,7 @@ __global__ void __launch_bounds__(NT, 1) probe(const mk_bf16* W, const float* xg
         }
     }
     __syncthreads();
-    if (MODE == FRAG_B || MODE == FRAG_NORED) make_bfrag(x, bf, KS);
+    if (MODE == FRAG_B || MODE == FRAG_NORED || MODE == FRAG_TK || MODE == FRAG_K2) make_bfrag(x, bf, KS);
     unsigned long long t0 = 0;
     long long c0 = 0;
     for (int rep = 0; rep <= REPS; ++rep) {
@@ -219,6 +309,10 @@ __global__ void __launch_bounds__(NT, 1) probe(const mk_bf16* W, const float* xg
         }
         if (MODE == FRAG || MODE == FRAG_B) frag_matvec((const uint4*)(sm + L.rows), bf, R, K, red, out);
         else if (MODE == FRAG_NORED) frag_matvec<false>((const uint4*)(sm + L.rows), bf, R, K, red, out);
+        else if (MODE == FRAG_K2) frag_k2((const uint4*)(sm + L.rows), bf, R, K, red, out);
+        else if (MODE == FRAG_TK)   // the last call of CTA 0 stamps its warps (stamps printed by the host)
+            frag_tk((const uint4*)(sm + L.rows), bf, R, K, red, out,
+                    rep == REPS && blockIdx.x == 0 ? (long long*)(ns + (size_t)2 * REPS * gridDim.x) : nullptr);
         else if (MODE == FMA_ROWS) fma_rows((const mk_bf16*)(sm + L.rows), x, R, K, out);
         else __syncthreads();
         if (threadIdx.x == 0 && rep > 0) {
@@ -290,7 +384,8 @@ int main() {
     cudaMalloc(&W, maxw * nsm * 2);
     cudaMalloc(&x, sizeof(float) * 2048);
     cudaMalloc(&out, sizeof(float) * nsm * 2048);
-    cudaMalloc(&ns, sizeof(unsigned long long) * 2 * REPS * nsm);   // ns per call, then SM clocks per call
+    // ns per call, then SM clocks per call, then frag-tk's per-warp stamps (3 per warp)
+    cudaMalloc(&ns, sizeof(unsigned long long) * (2 * REPS * nsm + 3 * NW));
     fill<<<1024, 256>>>(W, maxw * nsm);
     if (cudaDeviceSynchronize() != cudaSuccess) { printf("setup failed\n"); return 2; }
     const int min_smem = std::min(optin, 120 * 1024);   // one CTA per SM
@@ -313,7 +408,9 @@ int main() {
             }
         for (int mode = 0; mode < NMODES; ++mode) {
             const Lay L = layout(R, K, mode);
-            const bool fits = L.bytes <= optin && ((R + 15) / 16 <= MAXRT || K / 16 <= MAXKS || mode >= FMA_ROWS);
+            const bool fits = L.bytes <= optin && (mode == FRAG_TK ? (R + 15) / 16 <= NW
+                                                   : mode == FRAG_K2 ? (R + 15) / 16 <= MAXRT
+                                                   : (R + 15) / 16 <= MAXRT || K / 16 <= MAXKS || mode >= FMA_ROWS);
             char b[400];
             if (!fits) {
                 printf("%-13s %5d %5d %-9s skipped (%d KB of shared memory, or no work split)\n", sh.what, R, K,
@@ -322,12 +419,15 @@ int main() {
             }
             const int smem = std::max(L.bytes, min_smem);
             cudaMemset(out, 0, sizeof(float) * nsm * R);
+            cudaMemset(ns, 0, sizeof(unsigned long long) * (2 * REPS * nsm + 3 * NW));
             cudaError_t e;
             switch (mode) {
             case FRAG: e = launch<FRAG>(nsm, smem, W, x, R, K, ns, out); break;
             case FRAG_B: e = launch<FRAG_B>(nsm, smem, W, x, R, K, ns, out); break;
             case FMA_ROWS: e = launch<FMA_ROWS>(nsm, smem, W, x, R, K, ns, out); break;
             case FRAG_NORED: e = launch<FRAG_NORED>(nsm, smem, W, x, R, K, ns, out); break;
+            case FRAG_TK: e = launch<FRAG_TK>(nsm, smem, W, x, R, K, ns, out); break;
+            case FRAG_K2: e = launch<FRAG_K2>(nsm, smem, W, x, R, K, ns, out); break;
             default: e = launch<NOOP>(nsm, smem, W, x, R, K, ns, out); break;
             }
             std::vector<unsigned long long> h((size_t)2 * REPS * nsm);
@@ -356,6 +456,16 @@ int main() {
             const bool good = e == cudaSuccess && (mode == NOOP || mode == FRAG_NORED || err < 1e-4);
             ok = ok && good;
             const double gbs = mode == NOOP || mus <= 0.0 ? 0.0 : 2.0 * R * K / (mus * 1e-6) / 1e9;
+            if (mode == FRAG_TK) {   // warp w: k-steps done and partials summed, in cycles after the earliest start
+                std::vector<long long> st(3 * NW);
+                cudaMemcpy(st.data(), ns + (size_t)2 * REPS * nsm, sizeof(long long) * st.size(), cudaMemcpyDeviceToHost);
+                long long t0 = st[0];
+                for (int w = 0; w < NW; ++w) t0 = std::min(t0, st[3 * w]);
+                printf("  frag-tk stamps (start / k-steps done / sums done, cycles):");
+                for (int w = 0; w < NW; ++w)
+                    printf(" %lld/%lld/%lld", st[3 * w] - t0, st[3 * w + 1] - t0, st[3 * w + 2] - t0);
+                printf("\n");
+            }
             printf("%-13s %5d %5d %-9s %8.2f %8.2f %8.1f %7.0f %6.0f %9.2e %s\n", sh.what, R, K, kModes[mode], mus, xus,
                    gbs, cycles, mus > 0 ? cycles / (mus * 1e3) * 1e3 : 0.0, err,
                    e != cudaSuccess ? cudaGetErrorString(e) : good ? "" : "WRONG");
