@@ -32,6 +32,7 @@
 //        bench/probes/mma_frag_probe.cu -o /tmp/mma_frag_probe && /tmp/mma_frag_probe
 // Prints one line per (shape, mode), then a JSON line.
 #include "mk_vendor.h"
+#include "probe_data.h"
 #include "probe_util.h"
 
 #include <algorithm>
@@ -50,16 +51,6 @@
 enum { FRAG, FRAG_B, FMA_ROWS, NOOP, FRAG_NORED, FRAG_TK, FRAG_K2, NMODES };
 static const char* kModes[NMODES] = {"frag", "frag-b", "fma-rows", "noop", "frag-nored", "frag-tk", "frag-k2"};
 
-#define HOSTDEV __host__ __device__ __forceinline__
-HOSTDEV unsigned mix(unsigned h) {
-    h *= 0x9e3779b9u;
-    h ^= h >> 15; h *= 0x85ebca6bu; h ^= h >> 13; h *= 0xc2b2ae35u; h ^= h >> 16;
-    return h;
-}
-// W: exact bf16 values n / 128, |n| <= 127; x: fp32 with a full mantissa (so its lo half matters)
-HOSTDEV float w_val(size_t e) { return (float)((int)(mix((unsigned)e) % 255u) - 127) * (1.f / 128.f); }
-static float x_val(int k) { return (float)(mix(mix(k) + 0x51ed27u) & 0xffffffu) / 16777216.f - 0.5f; }
-
 // A-fragment element (register j, half h) of lane (g, t) in a 16 x 16 tile: row g + 8 (j & 1), column 2t + 8 (j >> 1)
 // + h (PTX ISA, mma.m16n8k16 .row A operand, bf16).
 HOSTDEV int frag_row(int lane, int j) { return (lane >> 2) + 8 * (j & 1); }
@@ -76,11 +67,6 @@ HOSTDEV Lay layout(int R, int K, int mode) {
     l.rows = l.out + RT * 16 * 4;
     l.bytes = l.rows + (mode == FMA_ROWS ? R * (K + 8) * 2 : RT * KS * 512);
     return l;
-}
-
-__global__ void fill(mk_bf16* p, size_t n) {
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
-        p[e] = mk_f2bf(w_val(e));
 }
 
 MK_DEV unsigned pack2(float a, float b) {   // bf16 of a in the low half, of b in the high half
@@ -110,6 +96,26 @@ MK_DEV void mma(float (&d)[4], const uint4 a, const uint2 b) {
     mk_mma_bf16(d, aa, bb);
 }
 
+// The k-split's end: lane (g, 0) of every warp stores its partial of each tile's rows g, g + 8 (hi + lo products),
+// then (reduce) out[r] = the 16 warps' partials of row r in warp order.
+MK_DEV void ksplit_sums(const float (&d)[MAXRT][4], int RT, int R, float* red, float* out, bool reduce) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    if ((lane & 3) == 0) {
+#pragma unroll
+        for (int i = 0; i < MAXRT; ++i)
+            if (i < RT) {
+                red[(warp * RT + i) * 16 + g] = d[i][0] + d[i][1];
+                red[(warp * RT + i) * 16 + g + 8] = d[i][2] + d[i][3];
+            }
+    }
+    __syncthreads();
+    for (int r = threadIdx.x; reduce && r < R; r += NT) {
+        float v = 0.f;
+        for (int w = 0; w < NW; ++w) v += red[(w * RT + (r >> 4)) * 16 + (r & 15)];
+        out[r] = v;
+    }
+}
+
 // The frag modes (see the header). rows: [RT][KS][32 lanes] uint4.
 template <bool REDUCE = true>
 MK_DEV void frag_matvec(const uint4* rows, const uint2* bf, int R, int K, float* red, float* out) {
@@ -125,20 +131,7 @@ MK_DEV void frag_matvec(const uint4* rows, const uint2* bf, int R, int K, float*
             for (int i = 0; i < MAXRT; ++i)
                 if (i < RT) mma(d[i], rows[(i * KS + s) * 32 + lane], b);   // warp-uniform
         }
-        if ((lane & 3) == 0) {
-#pragma unroll
-            for (int i = 0; i < MAXRT; ++i)
-                if (i < RT) {
-                    red[(warp * RT + i) * 16 + g] = d[i][0] + d[i][1];
-                    red[(warp * RT + i) * 16 + g + 8] = d[i][2] + d[i][3];
-                }
-        }
-        __syncthreads();
-        for (int r = threadIdx.x; REDUCE && r < R; r += NT) {
-            float v = 0.f;
-            for (int w = 0; w < NW; ++w) v += red[(w * RT + (r >> 4)) * 16 + (r & 15)];
-            out[r] = v;
-        }
+        ksplit_sums(d, RT, R, red, out, REDUCE);
     } else {   // tile-split (KS <= MAXKS)
         uint2 b[MAXKS];
 #pragma unroll
@@ -211,7 +204,7 @@ MK_DEV void frag_k2_mma(float (&d)[MAXRT][4], int RT, const uint4 (&a)[MAXRT], c
         if (i < RT) mma(d[i], a[i], b);
 }
 MK_DEV void frag_k2(const uint4* rows, const uint2* bf, int R, int K, float* red, float* out) {
-    const int RT = (R + 15) / 16, KS = K / 16, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    const int RT = (R + 15) / 16, KS = K / 16, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float d[MAXRT][4];
 #pragma unroll
     for (int i = 0; i < MAXRT; ++i) d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.f;
@@ -225,20 +218,7 @@ MK_DEV void frag_k2(const uint4* rows, const uint2* bf, int R, int K, float* red
         if (s + 2 < s1) frag_k2_load(rows, bf, RT, KS, s + 2, lane, a0, b0);
         if (s + 1 < s1) frag_k2_mma(d, RT, a1, b1);
     }
-    if ((lane & 3) == 0) {
-#pragma unroll
-        for (int i = 0; i < MAXRT; ++i)
-            if (i < RT) {
-                red[(warp * RT + i) * 16 + g] = d[i][0] + d[i][1];
-                red[(warp * RT + i) * 16 + g + 8] = d[i][2] + d[i][3];
-            }
-    }
-    __syncthreads();
-    for (int r = threadIdx.x; r < R; r += NT) {
-        float v = 0.f;
-        for (int w = 0; w < NW; ++w) v += red[(w * RT + (r >> 4)) * 16 + (r & 15)];
-        out[r] = v;
-    }
+    ksplit_sums(d, RT, R, red, out, true);
     __syncthreads();
 }
 
@@ -395,17 +375,10 @@ int main() {
     bool ok = true;
     for (const Shape& sh : shapes) {
         const int R = sh.R, K = sh.K;
-        std::vector<float> hx(K);
-        for (int k = 0; k < K; ++k) hx[k] = x_val(k);
+        std::vector<float> hx;
+        std::vector<double> ref, big;
+        host_reference(0, nsm, R, K, hx, ref, big);
         cudaMemcpy(x, hx.data(), sizeof(float) * K, cudaMemcpyHostToDevice);
-        std::vector<double> ref((size_t)nsm * R), big(nsm, 0.0);
-        for (int c = 0; c < nsm; ++c)
-            for (int r = 0; r < R; ++r) {
-                double s = 0.0;
-                for (int k = 0; k < K; ++k) s += (double)w_val(((size_t)c * R + r) * K + k) * hx[k];
-                ref[(size_t)c * R + r] = s;
-                big[c] = std::max(big[c], std::fabs(s));
-            }
         for (int mode = 0; mode < NMODES; ++mode) {
             const Lay L = layout(R, K, mode);
             const bool fits = L.bytes <= optin && (mode == FRAG_TK ? (R + 15) / 16 <= NW

@@ -61,6 +61,7 @@
 // 16 x 896 1.38 / 0.99: rows in L2 stream only 6-14 % faster than from HBM at the kernel's bytes in flight.
 // ptxas -v: mma-smem-acc 114 / 0, mma-ldsm 76 / 0.
 #include "mk_vendor.h"
+#include "probe_data.h"
 #include "mk_isa.h"
 
 #include <algorithm>
@@ -82,7 +83,6 @@ enum { FMA_SMEM, FMA_SMEM_ROWS, MMA_SMEM, MMA_SMEM_PAD, MMA_SMEM_ACC, MMA_LDSM, 
 static const char* kModes[NMODES] = {"fma-smem", "fma-smem-rows", "mma-smem", "mma-smem-pad", "mma-smem-acc",
                                      "mma-ldsm", "fma-dram", "mma-dram", "fma-l2", "mma-l2", "noop"};
 #define RBM 8               // fma-smem-rows: rows per warp at once (independent chains)
-#define HOSTDEV __host__ __device__ __forceinline__
 __host__ __device__ constexpr bool is_smem(int m) { return m <= MMA_LDSM; }
 HOSTDEV int row_stride(int m, int K) {
     if (m == MMA_LDSM) return (K + 63) / 64 * 64 + 8;   // 16 bytes mod 128: an ldmatrix phase's 8 rows, 8 bank groups
@@ -122,21 +122,6 @@ HOSTDEV Lay layout(int R, int K, int KS, bool rows) {
     l.rows = l.out + (R + 3) / 4 * 16;
     l.bytes = l.rows + (rows ? (R + 15) / 16 * 16 * KS * 2 : 0);   // whole 16-row tiles (mma-ldsm reads them)
     return l;
-}
-
-// Data: W exact bf16 values n / 128, |n| <= 127, from a hash of the pool index (pool < 2^32 elements); x fp32
-// with a full 24-bit mantissa range (so lo matters).
-HOSTDEV unsigned mix(unsigned h) {
-    h *= 0x9e3779b9u;
-    h ^= h >> 15; h *= 0x85ebca6bu; h ^= h >> 13; h *= 0xc2b2ae35u; h ^= h >> 16;
-    return h;
-}
-HOSTDEV float w_val(size_t e) { return (float)((int)(mix((unsigned)e) % 255u) - 127) * (1.f / 128.f); }
-static float x_val(int k) { return (float)(mix(mix(k) + 0x51ed27u) & 0xffffffu) / 16777216.f - 0.5f; }
-
-__global__ void fill(mk_bf16* p, size_t n) {
-    for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
-        p[e] = mk_f2bf(w_val(e));
 }
 
 MK_DEV unsigned word(const uint4& u, int q) { return q == 0 ? u.x : q == 1 ? u.y : q == 2 ? u.z : u.w; }
@@ -509,18 +494,10 @@ int main() {
         const int R = sh.R, K = sh.K;
         const size_t buf = (size_t)nsm * R * K;
         const int nbuf = (int)(pool_n / buf), last = REPS % nbuf;
-        std::vector<float> hx(K);
-        for (int k = 0; k < K; ++k) hx[k] = x_val(k);
+        std::vector<float> hx;
+        std::vector<double> ref, big;
+        host_reference((size_t)last * buf, nsm, R, K, hx, ref, big);
         cudaMemcpy(x, hx.data(), sizeof(float) * K, cudaMemcpyHostToDevice);
-        std::vector<double> ref((size_t)nsm * R), big(nsm, 0.0);
-        for (int c = 0; c < nsm; ++c)
-            for (int r = 0; r < R; ++r) {
-                const size_t e0 = (size_t)last * buf + ((size_t)c * R + r) * K;
-                double s = 0.0;
-                for (int k = 0; k < K; ++k) s += (double)w_val(e0 + k) * hx[k];
-                ref[(size_t)c * R + r] = s;
-                big[c] = std::max(big[c], std::fabs(s));
-            }
         for (int mode = 0; mode < NMODES; ++mode) {
             const Lay L = layout(R, K, row_stride(mode, K), is_smem(mode));
             char b[512];
