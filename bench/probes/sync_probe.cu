@@ -61,7 +61,8 @@
 // NL: 16-byte weight loads per thread in flight at the release (the loads modes: 8 KB per CTA per unit);
 // the l2pf modes ask for NL x 512 bytes per warp (the same bytes per CTA).
 enum Mode { COUNTER, COUNTER_NODATA, LL, COUNTER_LOADS, COUNTER_LOADS_W1, LL_LOADS, COUNTER_PF, COUNTER_PF_W1,
-            COUNTER_TMA, COUNTER_TMA_W1, COUNTER_DEEP, FAN, FAN_NODATA, COUNTER_RLX, COUNTER_SLEEP, FANIN_NODATA, RELAXED_NODATA, REL_RLXPOLL_NODATA, REL_RLXPOLL, RLXRED_NODATA };
+            COUNTER_TMA, COUNTER_TMA_W1, COUNTER_DEEP, FAN, FAN_NODATA, COUNTER_RLX, COUNTER_SLEEP, FANIN_NODATA,
+            RELAXED_NODATA, REL_RLXPOLL_NODATA, REL_RLXPOLL, RLXRED_NODATA };
 #define FAN_STRIDE 32       // words between a counter's copies (one 128-byte line each)
 #define FAN_MAX 16
 #define TMA_BYTES 32768
@@ -78,7 +79,6 @@ MK_DEV unsigned long long ld_relaxed_u64(const unsigned long long* p) {
     return v;
 }
 
-// buf: [2][D] floats (counter modes) or [2][D] u64 (ll modes); ctr: [NS] counters; W: weight buffer (loads modes).
 MK_DEV unsigned ld_relaxed_u32(const unsigned* p) {
     unsigned v;
     asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -89,7 +89,8 @@ MK_DEV void red_relaxed(unsigned* p, unsigned v) {
     asm volatile("red.relaxed.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
 
-// NL: loads per thread (loads modes) or counter copies (fan modes).
+// buf: [2][D] floats (counter modes) or [2][D] u64 (ll modes); ctr: [NS] counters (the fan modes: NS x FAN_MAX copies,
+// FAN_STRIDE words apart); W: weight buffer (loads modes). NL: loads per thread (loads modes) or counter copies (fan).
 template <int MODE, int NL = 4>
 __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* llb, unsigned* ctr, const uint4* W,
                                                size_t wchunks, unsigned long long* out_ns) {
@@ -104,6 +105,9 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
     constexpr bool kLL = MODE == LL || MODE == LL_LOADS;
     constexpr bool kDeep = MODE == COUNTER_DEEP;
     constexpr bool kFan = MODE == FAN || MODE == FAN_NODATA || MODE == FANIN_NODATA;
+    constexpr bool kNoData = MODE == COUNTER_NODATA || MODE == FAN_NODATA || MODE == FANIN_NODATA ||
+                             MODE == RELAXED_NODATA || MODE == REL_RLXPOLL_NODATA || MODE == RLXRED_NODATA;
+    constexpr bool kRelaxedPoll = MODE == RELAXED_NODATA || MODE == REL_RLXPOLL_NODATA || MODE == REL_RLXPOLL;
     constexpr bool kLoads = !kFan && (MODE == COUNTER_LOADS || MODE == COUNTER_LOADS_W1 || MODE == LL_LOADS || kDeep);
     const bool loader = kLoads && !(MODE == COUNTER_LOADS_W1 && threadIdx.x < 32);
     constexpr bool kPf = MODE == COUNTER_PF || MODE == COUNTER_PF_W1;
@@ -132,7 +136,7 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
                     if (MODE == FAN || MODE == FAN_NODATA) {
                         const unsigned* c = ctr + ((size_t)(s - 1) * FAN_MAX + blockIdx.x % NL) * FAN_STRIDE;
                         while (mk_ld_acquire(c) < (unsigned)nb) {}
-                    } else if (MODE == RELAXED_NODATA || MODE == REL_RLXPOLL_NODATA || MODE == REL_RLXPOLL) {
+                    } else if (kRelaxedPoll) {
                         while (ld_relaxed_u32(ctr + s - 1) < (unsigned)nb) {}
                     } else if (MODE == COUNTER_RLX) {
                         while (ld_relaxed_u32(ctr + s - 1) < (unsigned)nb) {}
@@ -144,8 +148,7 @@ __global__ void __launch_bounds__(NT, 1) chain(float* buf, unsigned long long* l
                     }
                 }
                 __syncthreads();
-                if (MODE != COUNTER_NODATA && MODE != FAN_NODATA && MODE != FANIN_NODATA && MODE != RELAXED_NODATA &&
-                    MODE != REL_RLXPOLL_NODATA && MODE != RLXRED_NODATA)
+                if (!kNoData)
                     for (int i = threadIdx.x; i < D; i += NT) acc += mk_ld_cg(buf + (size_t)src * D + i);
             }
             if (loader && (!kDeep || s >= 2)) {   // deep: the set issued at stage s - 2
