@@ -168,7 +168,9 @@ class Monokernel:
         # in before its wait (attn_prefetch); longer splits go through it in chunks of kv_stage_pos positions.
         # Capacity: max(128, max_len / n_splits) positions, bounded by the SM's shared memory.
         max_len = k_cache.shape[3]
-        optin = smem_optin(props)
+        # the cluster build's receive region for the combine is static shared memory (monokernel.cu cl_recv: up to
+        # MAX_GROUP x head_dim + 256 floats)
+        optin = smem_optin(props) - (4 * (isa.MAX_GROUP * cfg.head_dim + 256) if attn_cluster else 0)
         try:
             self.smem_layout = lay = smem_layout(self.sched, max_len, optin)
         except ValueError as e:

@@ -67,35 +67,107 @@ MK_DEV void attn_lanes_combine(float M, float& den, float& num, int W) {
 }
 
 #if MK_CLUSTER
-// Cluster attention (schedule.build(cluster=NR)): a kv head's NR splits are ranks 0 .. NR - 1 of one cluster and
-// each keeps its partial (per q head: max, denominator, HD weighted sums) in its CTA's partial-sum region. After a
-// cluster barrier every rank merges its own 1 / NR of the head's g x HD outputs straight from the peers' regions
-// (DSMEM): NR consecutive lanes per output element, one per split, combined with shuffles. Then it arrives on the
-// next cluster barrier phase (it has finished reading its peers) and bumps ATTN_DONE; the matching wait is
-// deferred to the CTA's next instruction (returns 1), before it writes its partial-sum region again.
+// This CTA's side of the cluster combine (kernel static shared memory): recv holds, for each split s of the round,
+// the EL = g HD / NR o values of the elements this rank owns (recv[s EL ..]) and then every q head's max and
+// denominator (recv[NR_MAX EL_MAX + s 2 MAX_GROUP ..]); bar is the mbarrier the peers' pushes count off; phase counts
+// the rounds this CTA has owned (the parity its next wait needs).
+struct ClusterRecv {
+    float* recv;
+    unsigned long long* bar;
+    unsigned phase;
+};
+#define MK_RECV_O_FLOATS (MK_MAX_GROUP * MK_HEAD_DIM)          // NR x EL = g x HD
+#define MK_RECV_FLOATS (MK_RECV_O_FLOATS + 16 * 2 * MK_MAX_GROUP)   // + up to 16 splits' (max, denominator) pairs
+
+// Thread 0 waits for the round's phase of bar (parity) with the watchdog of wait_ctr (a timeout reports counter
+// -2); false in every thread when the launch is aborted. Ends synced.
+MK_DEV bool wait_pushes(const MkParams& p, unsigned long long* bar, unsigned parity, int step, int* sflag) {
+    if (threadIdx.x == 0) {
+        int ok = 1;
+        if (!mk_mbar_try_wait(bar, parity)) {
+            const long long t0 = clock64();
+            unsigned it = 0;
+            while (!mk_mbar_try_wait(bar, parity)) {
+                if ((++it & 255u) == 0) {
+                    if (*(volatile int*)(p.status + MK_STATUS_ABORT)) { ok = 0; break; }
+                    if ((unsigned long long)(clock64() - t0) > p.watchdog_cycles) {
+                        ok = 0;
+                        if (atomicExch(p.status + MK_STATUS_ABORT, 1) == 0) {
+                            volatile int* hs = p.host_stat;
+                            hs[MK_HOST_WD_BLOCK] = blockIdx.x;
+                            hs[MK_HOST_WD_CTR] = -2;
+                            hs[MK_HOST_WD_TARGET] = (int)parity;
+                            hs[MK_HOST_WD_VALUE] = 0;
+                            hs[MK_HOST_WD_STEP] = step;
+                            hs[MK_HOST_REASON] = 4;
+                            __threadfence_system();
+                            hs[MK_HOST_DONE] = 1;
+                        }
+                        break;
+                    }
+                }
+            }
+        }
+        sflag[2] = ok;
+    }
+    __syncthreads();
+    const bool ok = sflag[2] != 0;
+    __syncthreads();
+    return ok;
+}
+
+// Cluster attention (schedule.build(cluster=NR)): a kv head's NR splits are ranks 0 .. NR - 1 of one cluster. Rank r
+// owns the head's outputs [r EL, (r + 1) EL). A split with positions pushes its partial (kept in its partial-sum
+// region by the position loop) to the owners: each output's o value to the element's owner, every q head's max
+// and denominator to every owner, 8 bytes per st.async, counted off the owner's mbarrier. Each rank arms its
+// mbarrier with the bytes of the S_eff splits, waits for them, merges its slice from its own shared memory (NR
+// consecutive lanes per output, one per split, combined with shuffles: the same values and order as the pull over
+// DSMEM it replaces, so the same bits) and bumps ATTN_DONE. No cluster barrier: a push for a later round of this
+// cluster comes from an ATTN several layers on, after this CTA's ATTN_DONE through the counters. Returns 0, or -1
+// when the launch was aborted during the wait.
 template <int HD>
 MK_DEV int attn_cluster_combine(const MkParams& p, const int* ins, int ii, int step, int head, int rank, int S_eff,
-                                 float* sm) {
-    const int g = p.group, NR = p.attn_cluster, E = g * HD, e0 = rank * (E / NR);
-    const float* red = sm + p.sm_red;
-    mk_cluster_sync();   // every split's partial is written
+                                 float* sm, ClusterRecv& cr, int* sflag) {
+    const int g = p.group, NR = p.attn_cluster, E = g * HD, EL = E / NR, e0 = rank * EL;
+    float* rml = cr.recv + MK_RECV_O_FLOATS;
+    if (rank < S_eff) {   // CTA-uniform; the caller synced after the position loop
+        const float* part = sm + p.sm_red;
+        for (int t = threadIdx.x; t < E / 2 + NR * g; t += NT) {
+            int r;
+            float* dst;
+            const float* src;
+            if (t < E / 2) {   // o values 2t, 2t + 1: one owner, one q head (EL and HD even)
+                const int e = 2 * t, j = e / HD;
+                r = e / EL;
+                dst = cr.recv + rank * EL + (e - r * EL);
+                src = part + j * (HD + 2) + 2 + (e - j * HD);
+            } else {           // (max, denominator) of q head j to owner r
+                const int k = t - E / 2, j = k % g;
+                r = k / g;
+                dst = rml + rank * 2 * MK_MAX_GROUP + 2 * j;
+                src = part + j * (HD + 2);
+            }
+            mk_st_async2(mk_cluster_addr(dst, r), src[0], src[1], mk_cluster_addr(cr.bar, r));
+        }
+    }
+    if (threadIdx.x == 0) mk_mbar_expect(cr.bar, (unsigned)S_eff * (4u * EL + 8u * g));
+    if (!wait_pushes(p, cr.bar, cr.phase & 1u, step, sflag)) return -1;
+    ++cr.phase;
     trace(p, step, ii, 3);
-    for (int t = threadIdx.x; t < E; t += NT) {   // E / NR elements x NR splits; warp-uniform (E % 32 == 0)
-        const int s = t & (NR - 1), e = e0 + t / NR, j = e / HD, i = e - j * HD;
+    for (int t = threadIdx.x; t < E; t += NT) {   // EL elements x NR splits; warp-uniform (E % 32 == 0)
+        const int s = t & (NR - 1), el = t / NR, e = e0 + el, j = e / HD;
         float m = -INFINITY, l = 0.f, o = 0.f;
         if (s < S_eff) {
-            const float* rec = red + j * (HD + 2);
-            m = mk_ld_cluster(mk_cluster_addr(rec, s));
-            l = mk_ld_cluster(mk_cluster_addr(rec + 1, s));
-            o = mk_ld_cluster(mk_cluster_addr(rec + 2 + i, s));
+            m = rml[s * 2 * MK_MAX_GROUP + 2 * j];
+            l = rml[s * 2 * MK_MAX_GROUP + 2 * j + 1];
+            o = cr.recv[s * EL + el];
         }
         float den = l, num = o;
         attn_lanes_combine(m, den, num, NR);
         if (s == 0) p.attn[(size_t)head * E + e] = num / den;
     }
-    mk_cluster_arrive();   // done reading the peers; the wait comes before this CTA next writes its region
     signal_ctr(p, p.ctr + ins[MK_F_AUX]);
-    return 1;
+    return 0;
 }
 #endif
 
@@ -183,10 +255,14 @@ MK_DEV void attn_q_and_append(const MkParams& p, int head, int pos, int p0, int 
 // The whole CTA works on one chunk of staged positions at a time (chunk 0 was copied before the wait), in two
 // phases (mk_attn_loop.cuh): scores, one thread per (q head, position); then one warp per q head turns its scores
 // into softmax weights and sums the weighted V rows (no block barrier between the two).
-// Returns 1 when a cluster barrier wait is pending (MK_CLUSTER: attn_cluster_combine), -1 when the launch was
-// aborted during the wait for the head's partials, else 0.
+// Returns -1 when the launch was aborted during the wait for the head's partials, else 0. cr: the cluster build's
+// receive region (attn_cluster_combine).
 template <int HD>
+#if MK_CLUSTER
+MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos, float* sm, int* sflag, ClusterRecv& cr) {
+#else
 MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos, float* sm, int* sflag) {
+#endif
     const int layer = ins[MK_F_LAYER], head = ins[MK_F_A0], split = ins[MK_F_A1];
     const int g = p.group, S = p.n_splits;
     const int n = pos + 1;
@@ -209,7 +285,7 @@ MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos,
         // Warp j < g owns q head j and its partial record (max, denominator, HD weighted sums), which also holds
         // the running state between chunks (attn_head_values).
         const int warp = threadIdx.x >> 5;
-#if MK_CLUSTER   // the partial stays in this CTA's partial-sum region, which its cluster peers read
+#if MK_CLUSTER   // the partial stays in this CTA's partial-sum region, which it pushes to its cluster peers
         float* part = sm + p.sm_red;
 #else
         float* part = p.part + (size_t)(head * S + split) * g * (HD + 2);
@@ -230,7 +306,7 @@ MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos,
         __syncthreads();
     }   // split < S_eff
 #if MK_CLUSTER   // the head's splits are ranks 0 .. S - 1 of one cluster (schedule.build(cluster=S))
-    return attn_cluster_combine<HD>(p, ins, ii, step, head, split, S_eff, sm);
+    return attn_cluster_combine<HD>(p, ins, ii, step, head, split, S_eff, sm, cr, sflag);
 #endif
     // Every split (idle ones too: S per step) publishes its partial on the head's counter. Once all have, each
     // split with positions merges its own 1 / S_eff of the head's g x HD outputs from the S_eff partials and

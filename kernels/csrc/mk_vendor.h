@@ -110,6 +110,29 @@ MK_DEV float mk_ld_cluster(unsigned a) {
     asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(a) : "memory");
     return v;
 }
+// Pushes into a peer CTA's shared memory that complete on the peer's mbarrier (sm_90; the cluster combine,
+// mk_attention.cuh): the owner arms its barrier once per round with the bytes it expects (arrive + expect_tx, the
+// barrier's one arrival), each peer's st.async counts its bytes off on arrival, and the owner's try_wait on the
+// round's parity sees the phase complete once every byte has landed (its loads after that see them).
+MK_DEV void mk_mbar_init(unsigned long long* bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mk_smem_addr(bar)) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+MK_DEV void mk_mbar_expect(unsigned long long* bar, unsigned bytes) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}"
+                 :: "r"(mk_smem_addr(bar)), "r"(bytes) : "memory");
+}
+MK_DEV bool mk_mbar_try_wait(unsigned long long* bar, unsigned parity) {
+    unsigned ok;
+    asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}"
+                 : "=r"(ok) : "r"(mk_smem_addr(bar)), "r"(parity) : "memory");
+    return ok != 0;
+}
+// 8 bytes to shared::cluster address a (mk_cluster_addr), counted off the mbarrier at shared::cluster address bar.
+MK_DEV void mk_st_async2(unsigned a, float x, float y, unsigned bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"
+                 :: "r"(a), "f"(x), "f"(y), "r"(bar) : "memory");
+}
 // Asynchronous 16-byte global -> shared copy through L2 (data another CTA wrote earlier in the launch, ordered by
 // a counter acquire before the copy is issued); mk_cp_async_wait_all() in the same thread, then a barrier,
 // before any thread reads it.

@@ -97,7 +97,12 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
     float* out = sm + p.sm_out;
     unsigned* tok_ctr = p.ctr + p.token_ctr;
 #if MK_CLUSTER
-    bool cl_pending = false;   // a cluster barrier phase this CTA arrived on and has not waited for (op_attn)
+    // The cluster combine's receive region and mbarrier (mk_attention.cuh), initialised before any peer can push.
+    __shared__ __align__(16) float cl_recv[MK_RECV_FLOATS];
+    __shared__ __align__(8) unsigned long long cl_bar;
+    ClusterRecv cr{cl_recv, &cl_bar, 0u};
+    if (threadIdx.x == 0) mk_mbar_init(&cl_bar);
+    mk_cluster_sync();
 #endif
 
     if (blockIdx.x == 0) {   // prologue: the first token's embedding
@@ -144,19 +149,14 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             }
             trace(p, step, ii, 0);
             if (!xr_wait(p, ins, step, sflag)) return;
-#if MK_CLUSTER
-            if (cl_pending) {   // the cluster peers have read this CTA's partial-sum region
-                mk_cluster_wait();
-                cl_pending = false;
-            }
-#endif
             trace(p, step, ii, 1);
             if (op == MK_OP_ATTN) {
-                const int r = op_attn<MK_HEAD_DIM>(p, ins, ii, step, pos, sm, sflag);
-                if (r < 0) return;   // aborted (watchdog) while waiting for the head's partials
 #if MK_CLUSTER
-                cl_pending = r > 0;
+                const int r = op_attn<MK_HEAD_DIM>(p, ins, ii, step, pos, sm, sflag, cr);
+#else
+                const int r = op_attn<MK_HEAD_DIM>(p, ins, ii, step, pos, sm, sflag);
 #endif
+                if (r < 0) return;   // aborted (watchdog) while waiting for the head's partials
                 trace(p, step, ii, 2);
                 continue;   // ATTN signals after its slice of the merge
             }
@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
         }
     }
 #if MK_CLUSTER
-    if (cl_pending) mk_cluster_wait();   // no peer still reads this CTA's shared memory when it exits
+    mk_cluster_sync();   // no CTA leaves while a peer's pushes to it, or its own to a peer, may be in flight
 #endif
 }
 
