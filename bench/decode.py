@@ -88,6 +88,7 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
     from engine.sampling import SamplingParams
     from kernels import isa
     from kernels.runtime import Monokernel
+    from kernels.schedule import CLUSTER_SIZE
 
     ctx, N = args.ctx, args.tokens
     max_len = ctx + N + 64
@@ -159,10 +160,10 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
     # the one-set build with the MLP schedule it does not run by default (GATEUP + DOWN; the fused MLP is one-set
     # only, so for a pipelined model this is the one-set build's other schedule too)
     other_kernel_us("mk_other_mlp_us", mv_loop="one-set", fused_mlp=False)
-    # the other attention launch: clusters of 8 CTAs (kernels/build.py cluster=True; 120 CTAs on an H200) where the
+    # the other attention launch: clusters of 16 CTAs (kernels/build.py cluster=True; 112 CTAs on an H200) where the
     # engine runs without them, and the reverse (schedule.attn_cluster_model): checks the per-model pick
     try:
-        other_kernel_us("mk_other_attn_us", attn_cluster=0 if row["attn_cluster"] else 8)
+        other_kernel_us("mk_other_attn_us", attn_cluster=0 if row["attn_cluster"] else CLUSTER_SIZE)
     except Exception as e:
         row["other_attn_skip"] = f"{type(e).__name__}: {e}"
         log(f"[{name}] the other attention launch skipped: {row['other_attn_skip']}")
@@ -268,7 +269,7 @@ def pf_best(r: dict) -> str:
 
 
 def attn_columns(r: dict) -> str:
-    """The table's attention-launch columns: the engine's launch and its CTA count (plain:132, cl8:120), then the
+    """The table's attention-launch columns: the engine's launch and its CTA count (plain:132, cl16:112), then the
     other launch's us/token and CTA count."""
     mine = f"{'cl' + str(r['attn_cluster']) if r.get('attn_cluster') else 'plain'}:{r.get('mk_ctas', '-')}"
     other = f"{r['mk_other_attn_us']:.0f}:{r['mk_other_attn_ctas']}" if "mk_other_attn_us" in r else "-"

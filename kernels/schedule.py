@@ -131,7 +131,7 @@ def mv_pipelined_model(dm: Dims) -> bool:
 
 # Layers whose weights stream in less than this many bytes run the attention in clusters (attn_cluster_model).
 CLUSTER_LAYER_BYTES = 48 << 20
-CLUSTER_SIZE = 8
+CLUSTER_SIZE = 16
 
 
 def layer_weight_bytes(dm: Dims) -> int:
@@ -141,10 +141,13 @@ def layer_weight_bytes(dm: Dims) -> int:
 
 def attn_cluster_model(dm: Dims) -> int:
     """The cluster size the one-GPU engine launches this model with (0: no clusters; Monokernel(attn_cluster=)).
-    Clusters of 8 combine each kv head's attention over distributed shared memory (~1 us per layer cheaper) but
-    leave 12 of an H200's 132 SMs idle, which costs the weight streaming of big layers more than it saves. Measured
-    (bench/NOTES.md, session 13, ctx 512): 0.5B (30 MB per layer) 658 vs 684 us/token; Llama-1B (122 MB) 879 vs
-    862; 1.5B (94 MB) 1355 vs 1311. The schedule also needs q heads x head_dim per kv head a multiple of 32."""
+    Clusters combine each kv head's attention over distributed shared memory (~1 us per layer cheaper) but leave
+    an H200's SMs idle (12 of 132 in clusters of 8, 20 in clusters of 16), which costs the weight streaming of big
+    layers more than it saves. Measured (bench/NOTES.md, session 13, ctx 512, clusters of 8): 0.5B (30 MB per layer)
+    658 vs 684 us/token; Llama-1B (122 MB) 879 vs 862; 1.5B (94 MB) 1355 vs 1311. Clusters of 16 (twice the splits
+    per kv head, half the positions each) against 8 on 0.5B with the engine's 4,096-position cache (session 20):
+    616 vs 623 at ctx 512, 635 vs 644 at 1,024, 675 vs 683 at 2,048, 704 vs 776 at 4,096. The schedule also needs
+    q heads x head_dim per kv head a multiple of 32."""
     if (dm.group * dm.head_dim) % 32 or layer_weight_bytes(dm) > CLUSTER_LAYER_BYTES:
         return 0
     return CLUSTER_SIZE

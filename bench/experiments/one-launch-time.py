@@ -5,8 +5,10 @@ Same model, KV and launch as bench/decode.py (the engine's launch: clusters wher
 them); 256 tokens at ctx 512 and 2048, twice each, then the per-stage table of one traced step at 512.
 usage: python3 bench/experiments/one-launch-time.py [shape, default qwen2.5-coder-0.5b] [name=value ...]
        every name=value goes to Monokernel(...) (values: ints, True / False / None), e.g. n_splits=16; .name=value
-       sets that attribute after construction (a run-time switch of the same binary), e.g. .signal_warp=0."""
+       sets that attribute after construction (a run-time switch of the same binary), e.g. .signal_warp=0.
+       KOG_CTXS=512,1024,4096 times those contexts instead of 512 and 2048 (the trace stays at 512)."""
 import ast
+import os
 import sys
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -20,7 +22,8 @@ N = 256
 name = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-coder-0.5b"
 kw = {k: ast.literal_eval(v) for k, v in (a.split("=", 1) for a in sys.argv[2:]) if not k.startswith(".")}
 attrs = {k[1:]: ast.literal_eval(v) for k, v in (a.split("=", 1) for a in sys.argv[2:]) if k.startswith(".")}
-cfg, model, cache = random_setup(name, 2048 + N + 64)
+CTXS = [int(c) for c in os.environ.get("KOG_CTXS", "512,2048").split(",")]
+cfg, model, cache = random_setup(name, max(CTXS) + N + 64)
 kw.setdefault("attn_cluster", attn_cluster_model(Dims.of(cfg)))
 mk = Monokernel(model, cache.k, cache.v, max_steps=N + 64, **kw)
 for k, v in attrs.items():
@@ -28,7 +31,7 @@ for k, v in attrs.items():
         raise SystemExit(f"Monokernel has no attribute {k!r}")
     setattr(mk, k, v)
 tag = " ".join([f"{k}={v}" for k, v in kw.items()] + [f".{k}={v}" for k, v in attrs.items()])
-for ctx in (512, 2048):
+for ctx in CTXS:
     for rep in range(2):
         mk.run(0, 1234, ctx, 32)
         us = timed(lambda: mk.run(0, 1234, ctx, N), 3) / N * 1e6

@@ -194,9 +194,9 @@ def test_engine_end_to_end(tmp_path):
                              intermediate_size=512, n_layers=2, init_std=0.2)
     eng = Engine.load(d, device="cuda", backend="monokernel", max_seq_len=512, kv_slots=2)
     assert eng.stats()["backend"] == "monokernel", eng.stats()
-    # small layers: the engine launches the attention in clusters of 8 (schedule.attn_cluster_model) and says so
-    assert eng.stats()["backend_stats"]["attn_cluster"] == 8, eng.stats()
-    assert "attention in clusters of 8" in eng.stats()["backend_detail"]
+    # small layers: the engine launches the attention in clusters of 16 (schedule.attn_cluster_model) and says so
+    assert eng.stats()["backend_stats"]["attn_cluster"] == 16, eng.stats()
+    assert "attention in clusters of 16" in eng.stats()["backend_detail"]
     prompt = list(range(10, 40))
     res = eng.complete(prompt, max_new_tokens=40, stop_ids=frozenset())
     assert len(res.token_ids) == 40
