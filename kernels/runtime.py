@@ -110,7 +110,7 @@ class Monokernel:
     def __init__(self, model, k_cache: torch.Tensor, v_cache: torch.Tensor, max_steps: int = 4096,
                  n_sm: int | None = None, sched: Schedule | None = None, tp_build: bool = False,
                  mv_loop: str = "auto", fused_mlp: bool | None = None, attn_cluster: int = 0,
-                 n_splits: int | None = None):
+                 n_splits: int | None = None, kv_stage_cap: int | None = None):
         """sched: a prebuilt schedule for this model's shape and n_sm (tensor parallelism passes one whose
         exchanged waits count every rank's producers, and tp_build: the library variant with the exchange:
         kernels/tp_runtime.py). mv_loop: "auto" (schedule.mv_pipelined_model), "pipelined" or "one-set"; the
@@ -120,15 +120,16 @@ class Monokernel:
         in thread-block clusters of that many CTAs (the library built with cluster=True) with each kv head's
         attention splits on one cluster, combined over distributed shared memory (schedule.build(cluster=...));
         n_sm defaults to every resident cluster. n_splits: attention position splits per kv head in the schedule it
-        builds (default: as many as the SMs allow, schedule.build).
+        builds (default: as many as the SMs allow, schedule.build). kv_stage_cap: at most this many attention
+        positions staged per chunk (schedule.smem_layout; default: as many as shared memory holds).
         The library calls below bind to the thread's current device, which is the model's device inside this
         block; the caller's comes back after."""
         with torch.cuda.device(model.device):
             self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, mv_loop, fused_mlp, attn_cluster,
-                       n_splits)
+                       n_splits, kv_stage_cap)
 
     def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, mv_loop, fused_mlp,
-              attn_cluster, n_splits) -> None:
+              attn_cluster, n_splits, kv_stage_cap=None) -> None:
         if mv_loop not in ("auto", "pipelined", "one-set"):
             raise ValueError(f"mv_loop must be auto, pipelined or one-set, not {mv_loop!r}")
         if tp_build and mv_loop == "pipelined":
@@ -172,7 +173,7 @@ class Monokernel:
         # MAX_GROUP x head_dim + 256 floats)
         optin = smem_optin(props) - (4 * (isa.MAX_GROUP * cfg.head_dim + 256) if attn_cluster else 0)
         try:
-            self.smem_layout = lay = smem_layout(self.sched, max_len, optin)
+            self.smem_layout = lay = smem_layout(self.sched, max_len, optin, kv_stage_cap)
         except ValueError as e:
             raise RuntimeError(str(e)) from None
         self.sm_kv, self.stage_capacity, self.stage_floats, self.smem = lay.sm_kv, lay.stage_pos, lay.stage_floats, \

@@ -100,16 +100,16 @@ class SmemLayout:
     sampler_floats: int   # room for the sampler's candidates
 
 
-def smem_layout(sched: Schedule, max_len: int, optin: int) -> SmemLayout:
-    """Staging capacity max(128, max_len / n_splits) positions, bounded by `optin` bytes per CTA; ValueError when
-    fewer than 16 positions fit."""
+def smem_layout(sched: Schedule, max_len: int, optin: int, cap: int | None = None) -> SmemLayout:
+    """Staging capacity max(128, max_len / n_splits) positions, bounded by `optin` bytes per CTA and by `cap`
+    positions when given; ValueError when fewer than 16 positions fit."""
     dm = sched.dims
     sm_kv = -(-sched.smem_bytes() // 16) * 4
     row = 4 * dm.head_dim + 2 * isa.KPAD + 4 * isa.MAX_GROUP
     fit = (optin - 4 * sm_kv) // row
     if fit < 16:
         raise ValueError(f"monokernel: no shared memory left for attention staging ({fit} positions)")
-    pos = min(max(128, -(-max_len // sched.n_splits)), fit)
+    pos = min(max(128, -(-max_len // sched.n_splits)), fit, cap if cap else fit)
     stage = pos * row // 4
     vec = max(dm.d, dm.q_dim, dm.ffn)
     return SmemLayout(sm_kv, pos, stage, 4 * (sm_kv + stage), sm_kv + stage - vec)

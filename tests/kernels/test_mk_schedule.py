@@ -224,6 +224,9 @@ def test_smem_layout_staging_bounds():
     assert schedule.smem_layout(s, 512, OPTIN).stage_pos == 128                 # at least 128 positions
     long = schedule.smem_layout(s, 1 << 20, OPTIN)                              # capped by shared memory
     assert 16 <= long.stage_pos < (1 << 20) // s.n_splits and long.smem <= OPTIN
+    capped = schedule.smem_layout(s, 1 << 20, OPTIN, cap=64)                    # and by a cap, when given
+    assert capped.stage_pos == 64 and capped.smem < long.smem
+    assert schedule.smem_layout(s, 512, OPTIN, cap=4096).stage_pos == 128        # a cap above the need changes nothing
     with pytest.raises(ValueError, match="no shared memory left"):
         schedule.smem_layout(s, 4096, s.smem_bytes() + 1024)
     assert not schedule.sampler_fits(1000, 1000 * isa.TOPK * 2 - 1) and schedule.sampler_fits(1000, 16000)
