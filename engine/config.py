@@ -172,6 +172,9 @@ def _qwen(name, layers, d, nq, nkv, ffn):
 PRESETS: dict[str, ModelConfig] = {
     "qwen2.5-coder-0.5b": _qwen("qwen2.5-coder-0.5b", 24, 896, 14, 2, 4864),
     "qwen2.5-coder-1.5b": _qwen("qwen2.5-coder-1.5b", 28, 1536, 12, 2, 8960),
+    "qwen2.5-coder-3b": _qwen("qwen2.5-coder-3b", 36, 2048, 16, 2, 11008),
+    "qwen2.5-coder-7b": replace(_qwen("qwen2.5-coder-7b", 28, 3584, 28, 4, 18944), vocab_size=152064,
+                                tie_word_embeddings=False),
     "llama-3.2-1b": ModelConfig(
         arch="llama", vocab_size=128256, hidden_size=2048, n_layers=16, n_heads=32, n_kv_heads=8,
         intermediate_size=8192, head_dim=64, rms_norm_eps=1e-5, rope_theta=500000.0,

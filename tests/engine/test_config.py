@@ -76,5 +76,7 @@ def test_presets():
     ll = preset("llama-3.2-1b")
     assert 1.23e9 < ll.n_params() < 1.24e9  # Llama-3.2-1B: 1.236B
     assert PRESETS["qwen2.5-coder-1.5b"].head_dim == 128
+    assert 3.08e9 < preset("qwen2.5-coder-3b").n_params() < 3.10e9   # Qwen2.5-3B: 3.09B
+    assert 7.6e9 < preset("qwen2.5-coder-7b").n_params() < 7.62e9    # Qwen2.5-7B: 7.61B (untied LM head)
     with pytest.raises(ValueError, match="unknown preset"):
         preset("nope")
