@@ -169,9 +169,10 @@ class Monokernel:
         # in before its wait (attn_prefetch); longer splits go through it in chunks of kv_stage_pos positions.
         # Capacity: max(128, max_len / n_splits) positions, bounded by the SM's shared memory.
         max_len = k_cache.shape[3]
-        # the cluster build's receive region for the combine is static shared memory (monokernel.cu cl_recv: up to
-        # MAX_GROUP x head_dim + 256 floats)
-        optin = smem_optin(props) - (4 * (isa.MAX_GROUP * cfg.head_dim + 256) if attn_cluster else 0)
+        # the cluster build's receive region for the combine is static shared memory (monokernel.cu cl_recv,
+        # MK_RECV_FLOATS: MAX_GROUP x head_dim o values + (max, denominator) pairs of MAX_GROUP heads for up to 16 splits)
+        recv_floats = isa.MAX_GROUP * cfg.head_dim + 16 * 2 * isa.MAX_GROUP
+        optin = smem_optin(props) - (4 * recv_floats if attn_cluster else 0)
         try:
             self.smem_layout = lay = smem_layout(self.sched, max_len, optin, kv_stage_cap)
         except ValueError as e:
