@@ -134,7 +134,6 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
     log(format_table(name, row["trace"]))
     t = timed(lambda: list(mkb.decode_loop(0, tok0, ctx, N, greedy, frozenset(), None)), args.reps)
     row["monokernel_stream_us"] = t / N * 1e6
-    row["mv_loop"] = mk.mv_loop
     row["fused_mlp"] = mk.fused_mlp
     row["attn_cluster"] = mk.attn_cluster
     row["mk_ctas"] = mk.n_sm
@@ -155,11 +154,8 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
         del mk2
         torch.cuda.empty_cache()
 
-    # the other library build's matvec loop (kernels/build.py): checks the per-model pick
-    other_kernel_us("mk_other_loop_us", mv_loop="one-set" if row["mv_loop"] == "pipelined" else "pipelined")
-    # the one-set build with the MLP schedule it does not run by default (GATEUP + DOWN; the fused MLP is one-set
-    # only, so for a pipelined model this is the one-set build's other schedule too)
-    other_kernel_us("mk_other_mlp_us", mv_loop="one-set", fused_mlp=False)
+    # the MLP schedule the engine does not run (GATEUP + DOWN)
+    other_kernel_us("mk_other_mlp_us", fused_mlp=False)
     # the other attention launch: clusters of 16 CTAs (kernels/build.py cluster=True; 112 CTAs on an H200) where the
     # engine runs without them, and the reverse (schedule.attn_cluster_model): checks the per-model pick
     try:
@@ -307,7 +303,7 @@ def main():
         rows.append(row)
         log(json.dumps(row))
     hdr = (f"{'shape':<20} {'roof us':>8} {'mk us':>8} {'mk tok/s':>9} {'%roof':>6} {'v0 us':>7} {'mk+pf us':>9} "
-           f"{'minpos':>10} {'mv loop':>9} {'other':>6} {'mlp':>6} {'other':>6} {'attn:CTAs':>10} {'other:CTAs':>10} "
+           f"{'minpos':>10} {'mlp':>6} {'other':>6} {'attn:CTAs':>10} {'other:CTAs':>10} "
            f"{'layer us':>8} "
            f"{'stream us':>9} "
            f"{'graph us':>9} {'peer us':>8} {'mk/peer':>8} {'mk/graph':>8}")
@@ -321,7 +317,6 @@ def main():
         log(f"{r['shape']:<20} {f(r, 'roofline_us', '{:8.0f}')} {f(r, 'monokernel_us', '{:8.0f}')} "
             f"{f(r, 'monokernel_tok_s', '{:9.0f}')} {f(r, 'monokernel_pct_roof', '{:5.0f}%')} "
             f"{f(r, 'mk_v0_us', '{:7.0f}')} {pf_best(r)} {best(r, 'mk_minpos'):>10} "
-            f"{r.get('mv_loop', '-'):>9} {f(r, 'mk_other_loop_us', '{:6.0f}')} "
             f"{'fused' if r.get('fused_mlp') else 'split':>6} {f(r, 'mk_other_mlp_us', '{:6.0f}')} "
             f"{attn_columns(r)} "
             f"{r['trace']['layer_us'] if 'trace' in r else float('nan'):8.1f} "

@@ -79,8 +79,8 @@ def main(argv=None) -> int:
         out["runs"].append(row)
 
     k1, v1 = k.clone(), v.clone()
-    mk = Monokernel(model, k1, v1, max_steps=STEPS + 1, mv_loop="one-set", fused_mlp=False)   # the TP build's loop
-    report("1 GPU (one-set, GATEUP + DOWN)", traced(mk, lambda: (k1.copy_(k), v1.copy_(v)), tok0, args.ctx, step,
+    mk = Monokernel(model, k1, v1, max_steps=STEPS + 1, fused_mlp=False)   # the TP build's stages
+    report("1 GPU (GATEUP + DOWN)", traced(mk, lambda: (k1.copy_(k), v1.copy_(v)), tok0, args.ctx, step,
                                                    [mk]), None)
     del mk, k1, v1
     torch.cuda.empty_cache()

@@ -2,10 +2,8 @@
 
 The library is cached under ~/.cache/kog-lsp/kernels/<hash>/ keyed by the sources, the rendered ISA header and
 the flags; a build prints one progress line. `KOG_KERNELS_CACHE` overrides the cache root. The variants: one GPU
-with the tensor-parallel exchange compiled out (-DMK_TP=0), with the one-set matvec loop or with pipe=True the
-pipelined one (-DMK_MV_PIPE=1; the runtime picks per model, schedule.mv_pipelined_model), either with cluster=True
-(-DMK_CLUSTER=1: the attention combined inside thread-block clusters, Monokernel(attn_cluster=...)), and tp=True
-(kernels/tp_runtime.py; one-set loop). Each is built for one attention head size (head_dim in isa.HEAD_DIMS:
+with the tensor-parallel exchange compiled out (-DMK_TP=0), with or without cluster=True (-DMK_CLUSTER=1: the
+attention combined inside thread-block clusters, Monokernel(attn_cluster=...)), and tp=True (kernels/tp_runtime.py). Each is built for one attention head size (head_dim in isa.HEAD_DIMS:
 -DMK_HEAD_DIM), so the kernel holds one attention path (a smaller kernel).
 """
 from __future__ import annotations
@@ -48,23 +46,21 @@ def extra_flags() -> tuple[str, ...]:
     return tuple(os.environ.get("KOG_NVCC_FLAGS", "").split())
 
 
-def variant_flags(tp: bool, pipe: bool = False, cluster: bool = False, *, head_dim: int) -> tuple[str, ...]:
-    if tp and pipe:
-        raise ValueError("the tensor-parallel build has the one-set matvec loop only")
+def variant_flags(tp: bool, cluster: bool = False, *, head_dim: int) -> tuple[str, ...]:
     if tp and cluster:
         raise ValueError("the tensor-parallel build has no cluster attention")
     if head_dim not in isa.HEAD_DIMS:
         raise ValueError(f"head_dim {head_dim}: the kernel has attention for {', '.join(map(str, isa.HEAD_DIMS))}")
-    return (f"-DMK_TP={int(tp)}", f"-DMK_MV_PIPE={int(pipe)}", f"-DMK_CLUSTER={int(cluster)}",
+    return (f"-DMK_TP={int(tp)}", f"-DMK_CLUSTER={int(cluster)}",
             f"-DMK_HEAD_DIM={head_dim}") + (() if tp else ONE_GPU_FLAGS)
 
 
-def nvcc_flags(tp: bool, pipe: bool, cluster: bool, *, head_dim: int, extra: tuple[str, ...]) -> tuple[str, ...]:
+def nvcc_flags(tp: bool, cluster: bool, *, head_dim: int, extra: tuple[str, ...]) -> tuple[str, ...]:
     """Every nvcc flag of the variant's build, extra (extra_flags()) last: what the cache key hashes and nvcc gets."""
-    return (ARCH,) + FLAGS + variant_flags(tp, pipe, cluster, head_dim=head_dim) + extra
+    return (ARCH,) + FLAGS + variant_flags(tp, cluster, head_dim=head_dim) + extra
 
 
-def source_hash(tp: bool = False, pipe: bool = False, cluster: bool = False, *, head_dim: int,
+def source_hash(tp: bool = False, cluster: bool = False, *, head_dim: int,
                 extra: tuple[str, ...] | None = None) -> str:
     """The variant's cache key; extra: the extra nvcc flags (None: read KOG_NVCC_FLAGS now)."""
     h = hashlib.sha256()
@@ -72,16 +68,16 @@ def source_hash(tp: bool = False, pipe: bool = False, cluster: bool = False, *, 
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
     h.update(isa.render_header().encode())
-    flags = nvcc_flags(tp, pipe, cluster, head_dim=head_dim, extra=extra_flags() if extra is None else extra)
+    flags = nvcc_flags(tp, cluster, head_dim=head_dim, extra=extra_flags() if extra is None else extra)
     h.update(" ".join(flags).encode())
     return h.hexdigest()[:16]
 
 
-def build(verbose: bool = False, tp: bool = False, pipe: bool = False, cluster: bool = False, *,
+def build(verbose: bool = False, tp: bool = False, cluster: bool = False, *,
           head_dim: int) -> Path:
     """-> path of libmonokernel.so of the variant (built if the cache has none for these sources)."""
     extra = extra_flags()   # one read: the cache key and the command line agree
-    out_dir = cache_root() / source_hash(tp, pipe, cluster, head_dim=head_dim, extra=extra)
+    out_dir = cache_root() / source_hash(tp, cluster, head_dim=head_dim, extra=extra)
     lib = out_dir / "libmonokernel.so"
     if lib.exists():
         return lib
@@ -93,9 +89,9 @@ def build(verbose: bool = False, tp: bool = False, pipe: bool = False, cluster: 
     # always the one kernels/isa.py describes (tests check the checked-in copy matches too).
     (out_dir / "mk_isa.h").write_text(isa.render_header())
     tmp = out_dir / f"libmonokernel.{os.getpid()}.so"
-    cmd = [nvcc, *nvcc_flags(tp, pipe, cluster, head_dim=head_dim, extra=extra), f"-I{out_dir}", f"-I{CSRC}", "-o",
+    cmd = [nvcc, *nvcc_flags(tp, cluster, head_dim=head_dim, extra=extra), f"-I{out_dir}", f"-I{CSRC}", "-o",
            str(tmp), str(CSRC / "monokernel.cu")]
-    what = ("tensor-parallel monokernel" if tp else "monokernel (pipelined matvec)" if pipe else "monokernel") + \
+    what = ("tensor-parallel monokernel" if tp else "monokernel") + \
         (" with cluster attention" if cluster else "") + f" for head_dim {head_dim}"
     flags_note = f" (extra flags: {' '.join(extra)})" if extra else ""
     print(f"[kernels] building {what} with nvcc into {out_dir}{flags_note} ...", file=sys.stderr, flush=True)
@@ -115,6 +111,6 @@ def build(verbose: bool = False, tp: bool = False, pipe: bool = False, cluster: 
 
 if __name__ == "__main__":   # the builds the three bench shapes use (head_dim 64: 0.5B, Llama-1B; 128: 1.5B)
     print(build(verbose=True, head_dim=64))
-    print(build(verbose=True, pipe=True, head_dim=128))
+    print(build(verbose=True, head_dim=128))
     print(build(verbose=True, tp=True, head_dim=128))
     print(build(verbose=True, cluster=True, head_dim=64))

@@ -45,28 +45,11 @@ REC_WORDS = 8 + 2 * TOPK   # max, argmax, sumexp, gumbel_best, gumbel_id, pad x3
 NTHREADS = 512
 NWARPS = NTHREADS // 32
 MV_UNROLL = 4              # 16-byte chunks per lane per matvec item (loads in flight per lane)
-MV_UNROLL_PIPE = 3         # the same for the two-register-set (pipelined) matvec: both sets fit 128 registers
 MAX_GROUP = 8              # q heads per kv head an ATTN instruction handles
 KPAD = 8                   # bf16 padding per staged K row (conflict-free 16-byte reads, mk_attn_loop.cuh)
 HEAD_DIMS = (64, 96, 128)  # attention head sizes the kernel has (one per library build, kernels/build.py)
 MAX_SPLITS = 64
 SMEM_RED_FLOATS = 8192     # matvec partial sums per instruction: rows x items_per_row must fit
-
-
-def mv_pipelined(k: int) -> bool:
-    """Whether the pipelined matvec loop (two register sets of MV_UNROLL_PIPE chunks: the next batch's loads in
-    flight during the current batch's arithmetic) suits row length k better than the one-set loop of MV_UNROLL
-    chunks: when its items waste fewer load slots per row. Per-stage traces of session 5 (both loops, same run):
-    pipelined faster at K = 1536 (1.5B QKV, GATEUP, LM head) and 8960 (1.5B DOWN), slower at 896 (0.5B) and
-    2048 / 8192 (Llama-1B); at 4864 (0.5B DOWN) it was faster (3.06 vs 3.25 us) and at 8960 (equal waste) too,
-    although this rule says no. Equal waste counts for the one-set loop since session 15: dense-2b (K = 3072 and
-    12288, equal waste) ran 1,354 us/token one-set with the fused MLP, 1,358 one-set without, 1,383 pipelined
-    (same run). A heuristic, used only to weigh a model's stages (schedule.mv_pipelined_model)."""
-    nch = k // 8
-
-    def slots(u: int) -> int:
-        return -(-nch // (32 * u)) * 32 * u
-    return slots(MV_UNROLL_PIPE) < slots(MV_UNROLL)
 
 
 def counter_index(layer: int, which: int) -> int:
@@ -208,7 +191,6 @@ def render_header() -> str:
         f"#define MK_NTHREADS {NTHREADS}",
         f"#define MK_NWARPS {NWARPS}",
         f"#define MK_MV_UNROLL {MV_UNROLL}",
-        f"#define MK_MV_UNROLL_PIPE {MV_UNROLL_PIPE}",
         f"#define MK_TRACE_WORDS {TRACE_WORDS}",
         f"#define MK_ACC_FRAC_BITS {ACC_FRAC_BITS}",
         f"#define MK_MAX_GROUP {MAX_GROUP}",

@@ -16,7 +16,7 @@ import torch
 
 from . import isa
 from .build import build
-from .schedule import (Dims, Schedule, attn_split_defaults, build as build_schedule, mv_pipelined_model, sampler_fits,
+from .schedule import (Dims, Schedule, attn_split_defaults, build as build_schedule, sampler_fits,
                        smem_layout)
 
 log = logging.getLogger("kernels")
@@ -46,15 +46,15 @@ def no_token_message(step: int) -> str:
             "the launch stopped there")
 
 
-_LIBS: dict[tuple[bool, bool, bool, int], ctypes.CDLL] = {}   # (tp, pipe, cluster, head_dim)
+_LIBS: dict[tuple[bool, bool, int], ctypes.CDLL] = {}   # (tp, cluster, head_dim)
 
 
-def load_library(tp: bool = False, pipe: bool = False, cluster: bool = False, *, head_dim: int) -> ctypes.CDLL:
-    """The one-GPU build (pipe: with the pipelined matvec loop; cluster: with the attention combined inside
-    thread-block clusters), or with tp the tensor-parallel one, for one attention head size (kernels/build.py)."""
-    key = (tp, pipe, cluster, head_dim)
+def load_library(tp: bool = False, cluster: bool = False, *, head_dim: int) -> ctypes.CDLL:
+    """The one-GPU build (cluster: with the attention combined inside thread-block clusters), or with tp the
+    tensor-parallel one, for one attention head size (kernels/build.py)."""
+    key = (tp, cluster, head_dim)
     if key not in _LIBS:
-        lib = ctypes.CDLL(str(build(tp=tp, pipe=pipe, cluster=cluster, head_dim=head_dim)))
+        lib = ctypes.CDLL(str(build(tp=tp, cluster=cluster, head_dim=head_dim)))
         lib.mk_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         lib.mk_start.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         lib.mk_host_alloc.argtypes = [ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
@@ -109,14 +109,12 @@ class Monokernel:
 
     def __init__(self, model, k_cache: torch.Tensor, v_cache: torch.Tensor, max_steps: int = 4096,
                  n_sm: int | None = None, sched: Schedule | None = None, tp_build: bool = False,
-                 mv_loop: str = "auto", fused_mlp: bool | None = None, attn_cluster: int = 0,
+                 fused_mlp: bool | None = None, attn_cluster: int = 0,
                  n_splits: int | None = None, kv_stage_cap: int | None = None):
         """sched: a prebuilt schedule for this model's shape and n_sm (tensor parallelism passes one whose
         exchanged waits count every rank's producers, and tp_build: the library variant with the exchange:
-        kernels/tp_runtime.py). mv_loop: "auto" (schedule.mv_pipelined_model), "pipelined" or "one-set"; the
-        tensor-parallel build has the one-set loop only. fused_mlp: the MLP schedule (schedule.build(fused_mlp=True);
-        default: on for the one-GPU one-set build without a prebuilt schedule; the pipelined and tensor-parallel
-        builds have GATEUP + DOWN only). attn_cluster: 2, 4, 8 or 16 (16: not portable, an H200 holds 7): launch
+        kernels/tp_runtime.py). fused_mlp: the MLP schedule (schedule.build(fused_mlp=True); default: on for the
+        one-GPU build without a prebuilt schedule; the tensor-parallel build has GATEUP + DOWN only). attn_cluster: 2, 4, 8 or 16 (16: not portable, an H200 holds 7): launch
         in thread-block clusters of that many CTAs (the library built with cluster=True) with each kv head's
         attention splits on one cluster, combined over distributed shared memory (schedule.build(cluster=...));
         n_sm defaults to every resident cluster. n_splits: attention position splits per kv head in the schedule it
@@ -125,19 +123,12 @@ class Monokernel:
         The library calls below bind to the thread's current device, which is the model's device inside this
         block; the caller's comes back after."""
         with torch.cuda.device(model.device):
-            self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, mv_loop, fused_mlp, attn_cluster,
+            self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp, attn_cluster,
                        n_splits, kv_stage_cap)
 
-    def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, mv_loop, fused_mlp,
+    def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp,
               attn_cluster, n_splits, kv_stage_cap=None) -> None:
-        if mv_loop not in ("auto", "pipelined", "one-set"):
-            raise ValueError(f"mv_loop must be auto, pipelined or one-set, not {mv_loop!r}")
-        if tp_build and mv_loop == "pipelined":
-            raise ValueError("the tensor-parallel build has the one-set matvec loop only")
-        pipe = not tp_build and (mv_loop == "pipelined" or
-                                 (mv_loop == "auto" and mv_pipelined_model(Dims.of(model.cfg))))
-        self.mv_loop = "pipelined" if pipe else "one-set"
-        self.lib = lib = load_library(tp_build, pipe, attn_cluster > 0, head_dim=model.cfg.head_dim)
+        self.lib = lib = load_library(tp_build, attn_cluster > 0, head_dim=model.cfg.head_dim)
         self.model, self.cfg = model, model.cfg
         dev = model.device
         self.device = dev
@@ -157,10 +148,10 @@ class Monokernel:
             _check(lib, lib.mk_max_clusters(96 * 1024, attn_cluster, ctypes.byref(fit)), "cluster occupancy")
             n_sm = n_sm or min(props.multi_processor_count // attn_cluster, fit.value) * attn_cluster
         self.n_sm = n_sm or props.multi_processor_count
-        if fused_mlp and (tp_build or pipe or (sched is not None and not sched.fused_mlp)):
-            raise ValueError("the fused MLP runs on the one-GPU one-set build with its own schedule only")
+        if fused_mlp and (tp_build or (sched is not None and not sched.fused_mlp)):
+            raise ValueError("the fused MLP runs on the one-GPU build with its own schedule only")
         if sched is None:
-            fused_mlp = not (tp_build or pipe) if fused_mlp is None else fused_mlp
+            fused_mlp = not tp_build if fused_mlp is None else fused_mlp
             sched = build_schedule(self.dims, self.n_sm, n_splits, fused_mlp=fused_mlp, cluster=attn_cluster)
         self.sched: Schedule = sched
         self.fused_mlp = sched.fused_mlp
@@ -247,10 +238,9 @@ class Monokernel:
         # of them: one staged chunk per split (0: no such bound). Per model: schedule.attn_split_defaults.
         self.attn_min_pos, self.attn_min_splits = attn_split_defaults(self.dims, attn_cluster)
         log.info("monokernel: %d CTAs x %d threads, %d instructions/step, %d attention splits per kv head (in use: "
-                 ">= %d positions each, at most max(%d, one staged chunk each)), %d B shared memory, %s matvec loop, "
-                 "%s MLP, %s",
+                 ">= %d positions each, at most max(%d, one staged chunk each)), %d B shared memory, %s MLP, %s",
                  self.n_sm, isa.NTHREADS, len(ins), sc.n_splits, self.attn_min_pos, self.attn_min_splits, self.smem,
-                 self.mv_loop, "fused" if self.fused_mlp else "GATEUP + DOWN",
+                 "fused" if self.fused_mlp else "GATEUP + DOWN",
                  f"attention combined in clusters of {self.attn_cluster}" if self.attn_cluster else "no clusters")
         # A wait longer than this (~1 s at H200 clocks) aborts the launch and reports the stuck counter.
         self.watchdog_cycles = 2_000_000_000

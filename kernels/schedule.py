@@ -120,15 +120,6 @@ def sampler_fits(n_records: int, sampler_floats: int) -> bool:
     return n_records * isa.TOPK * 2 <= sampler_floats
 
 
-def mv_pipelined_model(dm: Dims) -> bool:
-    """The matvec loop of the one-GPU library build for this model (kernels/build.py builds one per loop): the
-    pipelined one when the rows it suits (isa.mv_pipelined) carry at least half of the streamed weight bytes."""
-    per_layer = [(dm.d, dm.d * (dm.q_dim + 2 * dm.kv_dim)), (dm.q_dim, dm.q_dim * dm.d), (dm.d, dm.d * 2 * dm.ffn),
-                 (dm.ffn, dm.ffn * dm.d), (dm.d, dm.d * dm.vocab / dm.n_layers)]   # LM head spread over layers
-    suited = sum(b for k, b in per_layer if isa.mv_pipelined(k))
-    return suited >= sum(b for _, b in per_layer) / 2
-
-
 # Layers whose weights stream in less than this many bytes run the attention in clusters (attn_cluster_model).
 CLUSTER_LAYER_BYTES = 48 << 20
 CLUSTER_SIZE = 16
@@ -181,9 +172,8 @@ def attn_split_defaults(dm: Dims, cluster: int = 0) -> tuple[int, int]:
 
 
 def items_per_row(k: int) -> int:
-    """Matvec work items per output row: one item = 32 lanes x U 16-byte chunks (8 bf16 each). Counted with the
-    pipelined build's U (MV_UNROLL_PIPE, the smaller one), so the bound holds for every library build."""
-    return math.ceil(k / 8 / (32 * isa.MV_UNROLL_PIPE))
+    """Matvec work items per output row: one item = 32 lanes x MV_UNROLL 16-byte chunks (8 bf16 each)."""
+    return math.ceil(k / 8 / (32 * isa.MV_UNROLL))
 
 
 def _red_fits(rows: int, k: int, mult: int) -> bool:

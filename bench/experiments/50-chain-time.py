@@ -29,10 +29,10 @@ cache.v.normal_()
 row = {}
 for c in configs:
     if c == "every":
-        mk = Monokernel(model, cache.k, cache.v, max_steps=N + 64, mv_loop="one-set")
+        mk = Monokernel(model, cache.k, cache.v, max_steps=N + 64)
     else:
         ch, st, *size = c[1:].split(":")
-        mk = Monokernel(model, cache.k, cache.v, max_steps=N + 64, mv_loop="one-set", chain_sms=int(ch),
+        mk = Monokernel(model, cache.k, cache.v, max_steps=N + 64, chain_sms=int(ch),
                         stash=st == "1")
         if size:
             mk.stash_bytes = min(int(size[0]), mk.stash_bytes)

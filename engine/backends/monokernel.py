@@ -94,7 +94,7 @@ class MonokernelBackend(Backend):
             return False, f"built for sm_90a (Hopper); this GPU is {major}.{minor}"
         from kernels import isa
         from kernels.build import cache_root, find_nvcc, source_hash
-        from kernels.schedule import Dims, attn_cluster_model, mv_pipelined_model
+        from kernels.schedule import Dims, attn_cluster_model
         if config.arch not in ("llama", "qwen2"):
             return False, f"architecture {config.arch} not supported"
         if config.head_dim not in isa.HEAD_DIMS:
@@ -106,8 +106,7 @@ class MonokernelBackend(Backend):
         if config.hidden_size % 8 or config.intermediate_size % 8:
             return False, "hidden and intermediate sizes must be multiples of 8"
         dims = Dims.of(config)
-        lib = source_hash(pipe=mv_pipelined_model(dims), cluster=attn_cluster_model(dims) > 0,
-                          head_dim=config.head_dim)
+        lib = source_hash(cluster=attn_cluster_model(dims) > 0, head_dim=config.head_dim)
         if find_nvcc() is None and not (cache_root() / lib / "libmonokernel.so").exists():
             return False, "nvcc not found and no cached kernel build"
         return True, "ok"
@@ -155,7 +154,7 @@ class MonokernelBackend(Backend):
     def describe(self) -> str:
         s = self.mk.sched
         return (f"monokernel ({self.mk.n_sm} CTAs, {sum(map(len, s.per_sm))} instructions/step, "
-                f"{self.mk.mv_loop} matvec loop, {'fused MLP' if self.mk.fused_mlp else 'GATEUP + DOWN'}, "
+                f"{'fused MLP' if self.mk.fused_mlp else 'GATEUP + DOWN'}, "
                 f"{f'attention in clusters of {self.mk.attn_cluster}' if self.mk.attn_cluster else 'no clusters'})")
 
     def prefill(self, slot, ids, start_pos, all_logits=False):

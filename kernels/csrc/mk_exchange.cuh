@@ -27,8 +27,8 @@
 #define MK_TP 1
 #endif
 constexpr bool kTP = MK_TP != 0;
-// The fused MLP schedule (mk_mlp.cuh, p.acc != NULL) exists in the one-GPU one-set build only.
-constexpr bool kFusedMlp = !kTP && MK_MV_PIPE == 0;
+// The fused MLP schedule (mk_mlp.cuh, p.acc != NULL) exists in the one-GPU builds only.
+constexpr bool kFusedMlp = !kTP;
 
 // This rank's receive buffer of (layer, stage 0 = OPROJ | 1 = DOWN), source rank 0; source r is + r * d.
 MK_DEV size_t xr_off(const MkParams& p, int layer, int stage) {

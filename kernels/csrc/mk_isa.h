@@ -25,7 +25,6 @@
 #define MK_NTHREADS 512
 #define MK_NWARPS 16
 #define MK_MV_UNROLL 4
-#define MK_MV_UNROLL_PIPE 3
 #define MK_TRACE_WORDS 6
 #define MK_ACC_FRAC_BITS 28
 #define MK_MAX_GROUP 8

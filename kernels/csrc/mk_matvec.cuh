@@ -60,7 +60,7 @@ MK_DEV void mv_load(const RowMap& m, int R, int K, int bi, uint4 (&w)[2][U], MvB
 MK_DEV void mv_dot(int nch, const float* sv, float* red, const uint4 (&w)[2][U], const MvBatch& b) {
     const float4* sv4 = (const float4*)sv;
     float acc0 = 0.f, acc1 = 0.f;
-#if MK_MV_PIPE || MK_TP
+#if MK_TP
 #pragma unroll
     for (int j = 0; j < U; ++j) {
         const int c = b.c0 + j * 32;
@@ -73,8 +73,8 @@ MK_DEV void mv_dot(int nch, const float* sv, float* red, const uint4 (&w)[2][U],
     // Past the row's end (c >= nch) mv_load left zero weights: such a chunk reads the last chunk's activations instead
     // of branching around it (acc += 0 x finite leaves acc: the same sums), so a batch's activation loads and
     // products are one straight block the compiler schedules together. Session 18 (bench/NOTES.md): 0.5B 654 -> 634,
-    // Llama 847 -> 833 us/token; the pipelined build was 1 % slower with it (its streaming stages), so it and the
-    // tensor-parallel build (not yet measured on several GPUs) keep the branch.
+    // Llama 847 -> 833 us/token. The tensor-parallel build (not yet measured with it on several GPUs) keeps the
+    // branch.
 #pragma unroll
     for (int j = 0; j < U; ++j) {
         const int c = min(b.c0 + j * 32, nch - 1);
@@ -104,33 +104,19 @@ MK_DEV void mv_reduce(int R, int ipr, const float* red, float* out) {
 
 // out[r] = W[row(r), :K] . sv for r < R (out, sv, red in shared memory; sv swizzled, svx). Work is split in
 // batches of two rows x 32 lanes x U 16-byte chunks, so 2U loads per lane are in flight.
-// Two loops, one per library build (kernels/build.py, the host picks per model: schedule.mv_pipelined_model):
-// - one register set (U = MV_UNROLL): a batch's loads are issued after the previous batch's arithmetic;
-// - pipelined (MK_MV_PIPE, U = MV_UNROLL_PIPE): two batches in two register sets, the next batch's loads in
-//   flight while the current one is computed, so the stream has no gap between batches. Its U is smaller so
-//   that both sets fit 128 registers, which wastes load slots when K fits U = 3 items badly (K = 896).
+// One register set (U = MV_UNROLL): a batch's loads are issued after the previous batch's arithmetic (the other 15
+// warps' loads are in flight meanwhile). A pipelined loop with two register sets (the next batch's loads in flight
+// during the current one's arithmetic, a smaller U) was built for long rows until session 21, which measured it
+// slower than this loop on every shape (bench/NOTES.md): removed.
 // preloaded: the caller already issued the first batch (mv_load with bi = warp) into w/b before its wait.
 // Partial sums go to red[row * ipr + chunk group] and are added in a fixed order (with one chunk group per row the
-// one-set loop writes them to out directly): results are bit-reproducible.
+// warps write them to out directly): results are bit-reproducible.
 MK_DEV void matvec(const RowMap& m, int R, int K, const float* sv, float* red, float* out, uint4 (&w)[2][U],
                    MvBatch& b, bool preloaded) {
     const int nch = K >> 3;
     const int ipr = (nch + 32 * U - 1) / (32 * U);
     const int nb = ((R + 1) >> 1) * ipr;
     const int warp = threadIdx.x >> 5;
-#if MK_MV_PIPE
-    uint4 w2[2][U];
-    MvBatch b2;
-    if (warp < nb && !preloaded) mv_load(m, R, K, warp, w, b);
-    for (int bi = warp; bi < nb; bi += 2 * NW) {
-        const int bj = bi + NW;
-        if (bj < nb) mv_load(m, R, K, bj, w2, b2);                    // in flight while batch bi runs
-        mv_dot(nch, sv, red, w, b);
-        if (bj + NW < nb) mv_load(m, R, K, bj + NW, w, b);            // in flight during batch bj
-        if (bj < nb) mv_dot(nch, sv, red, w2, b2);
-    }
-    mv_reduce(R, ipr, red, out);
-#else
     // The warp's first batch (usually preloaded) outside the loop, and with one chunk group per row (ipr 1) the
     // warp sums are the outputs themselves: one barrier, no reduction pass. bench/NOTES.md (session 11): ~-0.1 us
     // per matvec stage in the 0.5B trace against the loop over every batch followed by mv_reduce.
@@ -145,5 +131,4 @@ MK_DEV void matvec(const RowMap& m, int R, int K, const float* sv, float* red, f
     }
     if (ipr == 1) __syncthreads();
     else mv_reduce(R, ipr, red, out);
-#endif
 }

@@ -2,8 +2,7 @@
 // GATEUP rows [a0, a0 + a1) as before (the caller's matvec), then their share of DOWN: y = Wd[:, a0 .. a0 + a1) . h
 // over all d rows, from Wd^T rows a0 .. a0 + a1 (contiguous), added to the fixed-point accumulator acc[]
 // (mk_block.cuh). The layer's residual is then x + acc: no DOWN stage, no second counter handoff, no read of h.
-// Built into the one-set library only: the models the pipelined build suits ran slower fused (bench/NOTES.md,
-// session 10), and the code alone costs that build registers.
+// Built into the one-GPU library only (the tensor-parallel build exchanges x after DOWN instead).
 // Included by monokernel.cu only (one translation unit); relies on its includes and defines.
 #pragma once
 

@@ -13,12 +13,6 @@
 
 #define NT MK_NTHREADS
 #define NW MK_NWARPS
-#ifndef MK_MV_PIPE
-#define MK_MV_PIPE 0
-#endif
-#if MK_MV_PIPE && MK_TP
-#error "the pipelined matvec needs the registers the tensor-parallel exchange holds (one-set loop only)"
-#endif
 #ifndef MK_CLUSTER
 #define MK_CLUSTER 0   // 1: the attention combined inside thread-block clusters (kernels/build.py cluster=True)
 #endif
@@ -29,11 +23,7 @@
 #if MK_HEAD_DIM != 64 && MK_HEAD_DIM != 96 && MK_HEAD_DIM != 128
 #error "MK_HEAD_DIM must be 64, 96 or 128"
 #endif
-#if MK_MV_PIPE
-#define U MK_MV_UNROLL_PIPE
-#else
 #define U MK_MV_UNROLL
-#endif
 
 // Thread 0 stamps instruction ii of the traced step (Monokernel.enable_trace; word k: isa.TRACE_WORDS).
 MK_DEV void trace(const MkParams& p, int step, int ii, int k) {
@@ -46,7 +36,7 @@ MK_DEV void trace(const MkParams& p, int step, int ii, int k) {
 #include "mk_matvec.cuh"
 #include "mk_sample.cuh"
 #include "mk_attention.cuh"
-#if !MK_TP && !MK_MV_PIPE   // kFusedMlp
+#if !MK_TP   // kFusedMlp
 #include "mk_mlp.cuh"
 #endif
 
@@ -131,7 +121,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             case MK_OP_QKV: m.base = Lw.wqkv; R = a1; K = p.d; break;
             case MK_OP_OPROJ: m.base = Lw.wo; R = a1; K = p.q_dim; break;
             case MK_OP_GATEUP:
-#if !MK_TP && !MK_MV_PIPE   // the fused MLP exists in the one-set one-GPU builds only
+#if !MK_TP   // the fused MLP exists in the one-GPU builds only
             case MK_OP_MLP:
 #endif
                 m.base = Lw.wgu; m.off2 = p.ffn; R = 2 * a1; K = p.d; break;
@@ -185,7 +175,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
                         p.h[a0 + r] = gt / (1.f + expf(-gt)) * (out[a1 + r] * rs);
                     }
                     break;
-#if !MK_TP && !MK_MV_PIPE
+#if !MK_TP
                 case MK_OP_MLP:
                     trace(p, step, ii, 4);
                     mlp_down(p, Lw.wdt, a0, a1, rs, out, red, step, ii);

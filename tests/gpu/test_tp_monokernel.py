@@ -179,7 +179,7 @@ def test_tp_close_to_single_gpu_monokernel_and_tp1_is_bit_identical():
     f = s.forced(n)
     V = s.cfg.vocab_size
     k, v = s.k16.clone(), s.v16.clone()
-    mk = Monokernel(s.m16, k, v, max_steps=256, mv_loop="one-set", fused_mlp=False)   # the TP build's loop + stages
+    mk = Monokernel(s.m16, k, v, max_steps=256, fused_mlp=False)   # the TP build's stages
     single = torch.empty(n, V, device=D0)
     mk.run(0, f[0], PROMPT, n, forced=f, logits_out=single)
     _, out0 = s.run_forced(n)

@@ -1,4 +1,4 @@
-"""The kernel library's build variants (kernels/build.py): per matvec loop and cluster attention for one GPU, one
+"""The kernel library's build variants (kernels/build.py): with and without cluster attention for one GPU, one
 tensor-parallel."""
 import subprocess
 
@@ -8,11 +8,10 @@ from kernels import build
 
 
 def test_every_variant_has_its_own_cache_entry():
-    keys = [(tp, pipe, cl, hd) for tp, pipe, cl in ((False, False, False), (False, True, False), (True, False, False),
-                                                     (False, False, True), (False, True, True))
-            for hd in (64, 96, 128)]   # (tp, pipelined loop, cluster attention, head size)
-    assert len({build.source_hash(*k[:3], head_dim=k[3]) for k in keys}) == len(keys)
-    assert build.source_hash(head_dim=64) == build.source_hash(False, False, False, head_dim=64)
+    keys = [(tp, cl, hd) for tp, cl in ((False, False), (True, False), (False, True))
+            for hd in (64, 96, 128)]   # (tp, cluster attention, head size)
+    assert len({build.source_hash(*k[:2], head_dim=k[2]) for k in keys}) == len(keys)
+    assert build.source_hash(head_dim=64) == build.source_hash(False, False, head_dim=64)
 
 
 def test_extra_nvcc_flags_get_their_own_cache_entry(monkeypatch):
@@ -34,32 +33,27 @@ def test_a_build_holds_one_attention_head_size():
             build.variant_flags(False, head_dim=hd)
 
 
-def test_flags_name_the_loop_and_refuse_what_cannot_build():
-    assert "-DMK_MV_PIPE=1" in build.variant_flags(False, True, head_dim=64)
-    assert "-DMK_MV_PIPE=0" in build.variant_flags(True, head_dim=64)
-    assert "-DMK_CLUSTER=1" in build.variant_flags(False, False, True, head_dim=64)
+def test_flags_name_the_variant_and_refuse_what_cannot_build():
+    assert "-DMK_TP=1" in build.variant_flags(True, head_dim=64)
+    assert "-DMK_TP=0" in build.variant_flags(False, head_dim=64)
+    assert "-DMK_CLUSTER=1" in build.variant_flags(False, True, head_dim=64)
     assert "-DMK_CLUSTER=0" in build.variant_flags(False, head_dim=64)
     # the measured ptxas option: one-GPU builds only, and part of every cache key through these flags
-    assert "--disable-optimizer-constants" in build.variant_flags(False, True, head_dim=128)
+    assert "--disable-optimizer-constants" in build.variant_flags(False, head_dim=128)
     assert "--disable-optimizer-constants" not in build.variant_flags(True, head_dim=128)
-    with pytest.raises(ValueError, match="one-set matvec loop only"):
-        build.variant_flags(True, True, head_dim=64)
     with pytest.raises(ValueError, match="no cluster attention"):
-        build.variant_flags(True, False, True, head_dim=64)
+        build.variant_flags(True, True, head_dim=64)
 
 
 @pytest.mark.skipif(build.find_nvcc() is None, reason="needs nvcc (preprocessor only, no GPU)")
-@pytest.mark.parametrize("tp,pipe,cl,hd,why", [(0, 0, 0, 64, ""), (0, 1, 0, 128, ""), (1, 0, 0, 64, ""),
-                                                (0, 0, 1, 64, ""), (0, 1, 1, 128, ""),
-                                                (1, 1, 0, 64, "one-set loop only"), (1, 0, 1, 64, "no cluster attention"),
-                                                (1, 0, 0, 96, ""), (0, 1, 0, 96, ""),
-                                                (0, 0, 0, 0, "MK_HEAD_DIM must be 64, 96 or 128"),
-                                                (0, 0, 0, 80, "MK_HEAD_DIM must be 64, 96 or 128")])
-def test_the_source_refuses_what_the_tensor_parallel_build_cannot_hold(tmp_path, tp, pipe, cl, hd, why):
+@pytest.mark.parametrize("tp,cl,hd,why", [(0, 0, 64, ""), (0, 0, 128, ""), (1, 0, 64, ""), (0, 1, 64, ""),
+                                          (0, 1, 128, ""), (1, 1, 64, "no cluster attention"), (1, 0, 96, ""),
+                                          (0, 0, 96, ""), (0, 0, 0, "MK_HEAD_DIM must be 64, 96 or 128"),
+                                          (0, 0, 80, "MK_HEAD_DIM must be 64, 96 or 128")])
+def test_the_source_refuses_what_the_tensor_parallel_build_cannot_hold(tmp_path, tp, cl, hd, why):
     from kernels import isa
     (tmp_path / "mk_isa.h").write_text(isa.render_header())
-    res = subprocess.run([build.find_nvcc(), "-E", "-std=c++17", f"-DMK_TP={tp}", f"-DMK_MV_PIPE={pipe}",
-                          f"-DMK_CLUSTER={cl}", f"-DMK_HEAD_DIM={hd}", f"-I{tmp_path}", f"-I{build.CSRC}",
+    res = subprocess.run([build.find_nvcc(), "-E", "-std=c++17", f"-DMK_TP={tp}", f"-DMK_CLUSTER={cl}", f"-DMK_HEAD_DIM={hd}", f"-I{tmp_path}", f"-I{build.CSRC}",
                           str(build.CSRC / "monokernel.cu"), "-o", "/dev/null"], capture_output=True, text=True)
     assert (res.returncode == 0) == (not why), res.stderr[-2000:]
     if why:
