@@ -145,7 +145,10 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
 
     def other_kernel_us(key: str, **kw) -> None:
         """row[key]: us/token of another Monokernel configuration of this model, same launch otherwise (the
-        engine's attention launch unless kw names one); row[key without _us + _ctas]: its CTA count."""
+        engine's attention launch unless kw names one); row[key without _us + _ctas]: its CTA count. A screen, not
+        a verdict: it runs in this process after the default one (session 21: dense-2b GATEUP + DOWN 1,328 against
+        1,342 fused here, 1,345-1,348 against 1,343-1,347 one process each); decide with
+        bench/experiments/one-launch-time.py."""
         kw.setdefault("attn_cluster", row["attn_cluster"])
         mk2 = Monokernel(model, cache.k, cache.v, max_steps=N + 64, **kw)
         row[key.replace("_us", "_ctas")] = mk2.n_sm
