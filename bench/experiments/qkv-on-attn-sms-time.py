@@ -1,0 +1,112 @@
+"""The cost half of "the chain inside the attention clusters" (bench/NOTES.md, session 21, next item 1), measured
+with a schedule change only: each layer's QKV rows go to the CTAs that run that layer's attention splits (one QKV
+instruction each, placed right before its ATTN), instead of round-robin over every CTA. No kernel change (same
+binary as the default launch). What it shows: how long QKV takes on 32 CTAs with ~36 rows each (weights preloaded
+only once their previous instruction ends), and what the attention and OPROJ do when their SMs' neighbours change.
+What it cannot show: the gain the real design is for (q over DSMEM instead of the QKV -> ATTN handoff and the q
+stage's L2 reads).
+usage: python3 bench/experiments/qkv-on-attn-sms-time.py [shape, default qwen2.5-coder-0.5b] [default|placed]
+One configuration per process (as one-launch-time.py); the cluster launch of the engine (schedule.attn_cluster_model).
+`python3 bench/experiments/qkv-on-attn-sms-time.py --twin` checks the placement on the CPU twin (tiny cluster shapes,
+plain and fused MLP, two SM orders): logits equal to the reference model's."""
+import math
+import sys
+from pathlib import Path
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from kernels import isa
+from kernels.schedule import Schedule, check
+
+N = 256
+
+
+def qkv_on_attention_sms(sched: Schedule) -> Schedule:
+    """sched with every layer's QKV rows re-cut into one instruction per SM that runs an ATTN of that layer, placed
+    just before that ATTN; the ATTN waits count the new number of QKV producers."""
+    QKV, ATTN = isa.OPS["QKV"], isa.OPS["ATTN"]
+    dm = sched.dims
+    m = dm.q_dim + 2 * dm.kv_dim
+    per_sm = [[ins for ins in lst if ins[0] != QKV] for lst in sched.per_sm]
+    first_qkv = {}   # layer -> (wait_ctr, wait_n, sig_ctr) of its QKV instructions
+    for lst in sched.per_sm:
+        for ins in lst:
+            if ins[0] == QKV:
+                first_qkv.setdefault(ins[1], (ins[4], ins[5], ins[6]))
+    counts = dict(sched.counts)
+    rows = dict(sched.rows)
+    for layer in range(dm.n_layers):
+        sms = sorted(sm for sm, lst in enumerate(per_sm) for ins in lst if ins[0] == ATTN and ins[1] == layer)
+        r = math.ceil(m / len(sms))
+        n_qkv = math.ceil(m / r)
+        wc, wn, sc = first_qkv[layer]
+        for i, sm in enumerate(sms[:n_qkv]):
+            lst = per_sm[sm]
+            at = next(j for j, ins in enumerate(lst) if ins[0] == ATTN and ins[1] == layer)
+            lst.insert(at, (QKV, layer, i * r, min(r, m - i * r), wc, wn, sc, 0))
+        for lst in per_sm:
+            for j, ins in enumerate(lst):
+                if ins[0] == ATTN and ins[1] == layer:
+                    lst[j] = ins[:5] + (n_qkv,) + ins[6:]
+        counts["QKV"], rows["QKV"] = n_qkv, r   # the same for every layer (same SM count per layer)
+    out = Schedule(dims=dm, n_sm=sched.n_sm, n_splits=sched.n_splits, rows=rows, counts=counts, per_sm=per_sm,
+                   n_counters=sched.n_counters, fused_mlp=sched.fused_mlp, cluster=sched.cluster)
+    check(out)
+    return out
+
+
+def twin_check() -> None:
+    import torch
+    from engine.model import rope_inv_freq
+    from kernels import schedule
+    from kernels.testing import fresh_cache, tiny_cfg, tiny_model
+    from kernels.twin import Twin
+    for kw in (dict(arch="qwen2"), dict(arch="qwen2", n_heads=6, n_kv_heads=2, head_dim=32, hidden_size=96)):
+        for n_sm, cs in ((16, 8), (32, 16)):
+            for fused in (False, True):
+                cfg = tiny_cfg(**kw)
+                model = tiny_model(cfg, seed=n_sm)
+                ids = torch.randint(0, cfg.vocab_size, (14,), generator=torch.Generator().manual_seed(n_sm)).tolist()
+                prompt, forced = ids[:9], ids[9:]
+                k_ref, v_ref = fresh_cache(cfg, slots=2)
+                model.forward(k_ref, v_ref, 1, torch.tensor(prompt), 0)
+                k_tw, v_tw = k_ref.clone(), v_ref.clone()
+                ref = torch.stack([model.forward(k_ref, v_ref, 1, torch.tensor([t]), len(prompt) + j)
+                                   for j, t in enumerate(forced)])
+                sched = qkv_on_attention_sms(schedule.build(schedule.Dims.of(cfg), n_sm=n_sm, fused_mlp=fused,
+                                                            cluster=cs))
+                for seed in (1, 2):
+                    res = Twin(model, sched, rope_inv_freq(cfg)).run(
+                        k_tw.clone(), v_tw.clone(), 1, forced[0], len(prompt), len(forced), forced=forced,
+                        order_seed=seed, attn_min_pos=2)
+                    err = max(((res.logits[s] - ref[s]).norm() / ref[s].norm()).item() for s in range(len(forced)))
+                    print(f"twin {kw} n_sm {n_sm} cluster {cs} fused {fused} order {seed}: QKV "
+                          f"{sched.counts['QKV']} x {sched.rows['QKV']} rows, max rel err {err:.1e}")
+                    assert err < 1e-4
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--twin"]:
+    twin_check()
+elif __name__ == "__main__":
+    from bench.decode import random_setup, timed
+    from bench.mk_trace import format_table, stage_table
+    import kernels.runtime as rt
+    from kernels.schedule import Dims, attn_cluster_model
+
+    name = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-coder-0.5b"
+    mode = sys.argv[2] if len(sys.argv) > 2 else "placed"
+    if mode not in ("default", "placed"):
+        raise SystemExit("mode: default or placed")
+    if mode == "placed":   # the runtime builds its own schedule for a cluster launch: re-place what it builds
+        base_build = rt.build_schedule
+        rt.build_schedule = lambda *a, **kw: qkv_on_attention_sms(base_build(*a, **kw))
+    cfg, model, cache = random_setup(name, 2048 + N + 64)
+    mk = rt.Monokernel(model, cache.k, cache.v, max_steps=N + 64, attn_cluster=attn_cluster_model(Dims.of(cfg)))
+    tag = f"QKV {mode} ({mk.sched.counts['QKV']} x {mk.sched.rows['QKV']} rows)"
+    for ctx in (512, 2048):
+        for rep in range(2):
+            mk.run(0, 1234, ctx, 32)
+            us = timed(lambda: mk.run(0, 1234, ctx, N), 3) / N * 1e6
+            print(f"{name} {tag}: ctx {ctx:5d} {us:8.1f} us/token ({mk.n_sm} CTAs)", flush=True)
+    mk.enable_trace(100)
+    mk.run(0, 1234, 512, N)
+    print(format_table(f"{name} {tag}", stage_table(mk.trace_records(), {v: k for k, v in isa.OPS.items()})),
+          flush=True)
