@@ -80,3 +80,20 @@ def format_table(name: str, tab: dict) -> str:
                             if "gu_us" in t else ""))
     lines.append(f"  layer critical path {tab['layer_us']:.2f} us; traced step {tab['step_us']:.1f} us")
     return "\n".join(lines)
+
+
+def time_and_trace(mk, label: str, ctxs=(512, 2048), reps: int = 2, n: int = 256) -> None:
+    """The experiments' common measurement (bench/experiments/*-time.py): us/token of Monokernel mk at each context
+    (reps timings of n tokens after a 32-token warm-up, each the median of 3 launches), then the per-stage table of
+    one traced step at context 512."""
+    from bench.decode import timed
+    from kernels import isa
+    for ctx in ctxs:
+        for _ in range(reps):
+            mk.run(0, 1234, ctx, 32)
+            us = timed(lambda: mk.run(0, 1234, ctx, n), 3) / n * 1e6
+            print(f"{label}: ctx {ctx:5d} {us:8.1f} us/token ({mk.n_sm} CTAs, {mk.smem} B shared memory)", flush=True)
+    mk.enable_trace(100)
+    mk.run(0, 1234, 512, n)
+    print(format_table(label, stage_table(mk.trace_records(), {v: k for k, v in isa.OPS.items()})), flush=True)
+    mk.enable_trace(None)

@@ -11,8 +11,8 @@ Plain launches only (the cluster launch places the attention by cluster)."""
 import sys
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.decode import random_setup, timed
-from bench.mk_trace import format_table, stage_table
+from bench.decode import random_setup
+from bench.mk_trace import time_and_trace
 from kernels import isa
 from kernels.runtime import Monokernel
 from kernels.schedule import Schedule, check
@@ -63,11 +63,4 @@ for c in cs:
         continue
     mk = base if c == 0 else Monokernel(model, cache.k, cache.v, max_steps=N + 64, sched=placed(base.sched, c))
     tag = f"{splits} splits, chain on {c or mk.n_sm} SMs"
-    for ctx in (512, 2048):
-        mk.run(0, 1234, ctx, 32)
-        us = timed(lambda: mk.run(0, 1234, ctx, N), 3) / N * 1e6
-        print(f"{name} {tag}: ctx {ctx:5d} {us:8.1f} us/token", flush=True)
-    mk.enable_trace(100)
-    mk.run(0, 1234, 512, N)
-    print(format_table(f"{name} {tag}", stage_table(mk.trace_records(), {v: k for k, v in isa.OPS.items()})),
-          flush=True)
+    time_and_trace(mk, f"{name} {tag}", reps=1, n=N)

@@ -12,9 +12,8 @@ import os
 import sys
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.decode import random_setup, timed
-from bench.mk_trace import format_table, stage_table
-from kernels import isa
+from bench.decode import random_setup
+from bench.mk_trace import time_and_trace
 from kernels.runtime import Monokernel
 from kernels.schedule import Dims, attn_cluster_model
 
@@ -31,11 +30,4 @@ for k, v in attrs.items():
         raise SystemExit(f"Monokernel has no attribute {k!r}")
     setattr(mk, k, v)
 tag = " ".join([f"{k}={v}" for k, v in kw.items()] + [f".{k}={v}" for k, v in attrs.items()])
-for ctx in CTXS:
-    for rep in range(2):
-        mk.run(0, 1234, ctx, 32)
-        us = timed(lambda: mk.run(0, 1234, ctx, N), 3) / N * 1e6
-        print(f"{name} {tag}: ctx {ctx:5d} {us:8.1f} us/token ({mk.n_sm} CTAs, {mk.smem} B shared memory)", flush=True)
-mk.enable_trace(100)
-mk.run(0, 1234, 512, N)
-print(format_table(f"{name} {tag}", stage_table(mk.trace_records(), {v: k for k, v in isa.OPS.items()})), flush=True)
+time_and_trace(mk, f"{name} {tag}", CTXS, n=N)

@@ -86,8 +86,8 @@ def twin_check() -> None:
 if __name__ == "__main__" and sys.argv[1:] == ["--twin"]:
     twin_check()
 elif __name__ == "__main__":
-    from bench.decode import random_setup, timed
-    from bench.mk_trace import format_table, stage_table
+    from bench.decode import random_setup
+    from bench.mk_trace import time_and_trace
     import kernels.runtime as rt
     from kernels.schedule import Dims, attn_cluster_model
 
@@ -101,12 +101,4 @@ elif __name__ == "__main__":
     cfg, model, cache = random_setup(name, 2048 + N + 64)
     mk = rt.Monokernel(model, cache.k, cache.v, max_steps=N + 64, attn_cluster=attn_cluster_model(Dims.of(cfg)))
     tag = f"QKV {mode} ({mk.sched.counts['QKV']} x {mk.sched.rows['QKV']} rows)"
-    for ctx in (512, 2048):
-        for rep in range(2):
-            mk.run(0, 1234, ctx, 32)
-            us = timed(lambda: mk.run(0, 1234, ctx, N), 3) / N * 1e6
-            print(f"{name} {tag}: ctx {ctx:5d} {us:8.1f} us/token ({mk.n_sm} CTAs)", flush=True)
-    mk.enable_trace(100)
-    mk.run(0, 1234, 512, N)
-    print(format_table(f"{name} {tag}", stage_table(mk.trace_records(), {v: k for k, v in isa.OPS.items()})),
-          flush=True)
+    time_and_trace(mk, f"{name} {tag}", n=N)
