@@ -13,7 +13,10 @@
 //   cluster   each CTA writes its partial into shared memory, cluster barrier, rank r sums its d / 8 slice over
 //             the 8 ranks' shared memory (DSMEM, fixed rank order: integer sums, same bits as all) and adds it
 //   eighth    every CTA adds only its rank's d / 8 slice, without the barrier (the atomics' share of cluster)
-// Checks at the end: all / stagger / cluster leave the same accumulator (exact integers).
+//   s4, s16   as stagger, element j at acc[4 j] / acc[16 j] (its own 32-byte sector / 128-byte line: are the adds
+//             bound by the lines they share, or by the count?); the readers read the same spread layout
+//   u32       as stagger with 32-bit adds (are 64-bit adds two operations?)
+// Checks at the end: all / stagger / cluster / s4 / s16 / u32 leave the same accumulator (exact integers).
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I kernels/csrc bench/probes/acc_adds_probe.cu \
 //        -o /tmp/acc_adds_probe && /tmp/acc_adds_probe
@@ -31,8 +34,10 @@ namespace cg = cooperative_groups;
 #define NT 512
 #define NS 400
 #define CS 8
-enum Mode { NONE, ALL, STAGGER, CLUSTER, EIGHTH, NMODES };
-static const char* kNames[NMODES] = {"none", "all", "stagger", "cluster", "eighth"};
+enum Mode { NONE, ALL, STAGGER, CLUSTER, EIGHTH, S4, S16, U32, NMODES };
+static const char* kNames[NMODES] = {"none", "all", "stagger", "cluster", "eighth", "s4", "s16", "u32"};
+// Words between consecutive accumulator elements in a mode's layout.
+__host__ __device__ constexpr int stride_of(int mode) { return mode == S4 ? 4 : mode == S16 ? 16 : 1; }
 
 MK_DEV long long partial(int b, int j, int s) { return (long long)((b * 131 + j * 7 + s) % 1000) - 500; }
 
@@ -54,6 +59,16 @@ __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(NT, 1)
                 const int j = (i + 64 * b) % d;
                 mk_red_add_u64(acc + j, (unsigned long long)partial(b, j, s));
             }
+        } else if (MODE == S4 || MODE == S16) {
+            for (int i = threadIdx.x; i < d; i += NT) {
+                const int j = (i + 64 * b) % d;
+                mk_red_add_u64(acc + (size_t)j * stride_of(MODE), (unsigned long long)partial(b, j, s));
+            }
+        } else if (MODE == U32) {
+            for (int i = threadIdx.x; i < d; i += NT) {
+                const int j = (i + 64 * b) % d;
+                atomicAdd((unsigned*)acc + j, (unsigned)partial(b, j, s));
+            }
         } else if (MODE == EIGHTH) {
             for (int j = j0 + threadIdx.x; j < j0 + sl; j += NT)
                 mk_red_add_u64(acc + j, (unsigned long long)partial(b, j, s));
@@ -72,7 +87,10 @@ __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(NT, 1)
         if (threadIdx.x == 0)
             while (mk_ld_acquire(ctr + s) < (unsigned)nb) {}
         __syncthreads();
-        for (int j = threadIdx.x; j < d; j += NT) carry += (float)mk_ld_cg_s64(acc + j);
+        if (MODE == U32)
+            for (int j = threadIdx.x; j < d; j += NT) carry += (float)(int)__ldcg((const unsigned*)acc + j);
+        else
+            for (int j = threadIdx.x; j < d; j += NT) carry += (float)mk_ld_cg_s64(acc + (size_t)j * stride_of(MODE));
         __syncthreads();
     }
     if (b == 0 && threadIdx.x == 0) *out_ns = mk_globaltimer() - t0;
@@ -85,15 +103,18 @@ static double run(int grid, int d, unsigned long long* acc, unsigned* ctr, unsig
                   std::vector<long long>& result) {
     const size_t smem = 2 * (size_t)d * sizeof(long long);
     cudaFuncSetAttribute(chain<MODE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    cudaMemset(acc, 0, d * sizeof(long long));
+    cudaMemset(acc, 0, 16 * (size_t)d * sizeof(long long));
     cudaMemset(ctr, 0, NS * sizeof(unsigned));
     chain<MODE><<<grid, NT, smem>>>(acc, ctr, d, ns, sink);
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) { printf("%s: %s\n", kNames[MODE], cudaGetErrorString(e)); exit(1); }
     unsigned long long h = 0;
     cudaMemcpy(&h, ns, sizeof(h), cudaMemcpyDeviceToHost);
+    std::vector<long long> raw(16 * (size_t)d);
+    cudaMemcpy(raw.data(), acc, raw.size() * sizeof(long long), cudaMemcpyDeviceToHost);
     result.resize(d);
-    cudaMemcpy(result.data(), acc, d * sizeof(long long), cudaMemcpyDeviceToHost);
+    for (int j = 0; j < d; ++j)
+        result[j] = MODE == U32 ? (long long)((const int*)raw.data())[j] : raw[(size_t)j * stride_of(MODE)];
     return h / 1e3 / (NS - 1);
 }
 
@@ -102,14 +123,14 @@ int main() {
     unsigned long long *acc, *ns;
     unsigned* ctr;
     float* sink;
-    cudaMalloc(&acc, 4096 * sizeof(long long));
+    cudaMalloc(&acc, 16 * 4096 * sizeof(long long));
     cudaMalloc(&ctr, NS * sizeof(unsigned));
     cudaMalloc(&ns, sizeof(unsigned long long));
     cudaMalloc(&sink, sizeof(float));
     std::string json = "{";
     bool ok = true;
     printf("%-6s %-8s %10s %12s\n", "d", "mode", "us/stage", "minus none");
-    for (int d : {896, 1536, 2048}) {
+    for (int d : {896, 1536, 2048, 3072}) {
         std::vector<long long> r[NMODES];
         double t[NMODES];
         for (int rep = 0; rep < 2; ++rep) {   // the second pass is the one reported (warm)
@@ -118,15 +139,19 @@ int main() {
             t[STAGGER] = run<STAGGER>(grid, d, acc, ctr, ns, sink, r[STAGGER]);
             t[CLUSTER] = run<CLUSTER>(grid, d, acc, ctr, ns, sink, r[CLUSTER]);
             t[EIGHTH] = run<EIGHTH>(grid, d, acc, ctr, ns, sink, r[EIGHTH]);
+            t[S4] = run<S4>(grid, d, acc, ctr, ns, sink, r[S4]);
+            t[S16] = run<S16>(grid, d, acc, ctr, ns, sink, r[S16]);
+            t[U32] = run<U32>(grid, d, acc, ctr, ns, sink, r[U32]);
         }
-        const bool same = r[ALL] == r[STAGGER] && r[ALL] == r[CLUSTER];
+        const bool same = r[ALL] == r[STAGGER] && r[ALL] == r[CLUSTER] && r[ALL] == r[S4] && r[ALL] == r[S16] &&
+                          r[ALL] == r[U32];
         ok = ok && same;
         for (int m = 0; m < NMODES; ++m) {
             printf("%-6d %-8s %10.3f %12.3f\n", d, kNames[m], t[m], t[m] - t[NONE]);
             json += (json.size() > 1 ? ", \"" : "\"") + std::to_string(d) + "_" + kNames[m] +
                     "_us\": " + std::to_string(t[m]);
         }
-        printf("d %d: all / stagger / cluster accumulators %s\n", d, same ? "identical" : "DIFFER");
+        printf("d %d: all / stagger / cluster / s4 / s16 / u32 accumulators %s\n", d, same ? "identical" : "DIFFER");
     }
     json += std::string(", \"identical\": ") + (ok ? "true" : "false") + "}";
     printf("%s\n", json.c_str());
