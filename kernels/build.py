@@ -3,8 +3,9 @@
 The library is cached under ~/.cache/kog-lsp/kernels/<hash>/ keyed by the sources, the rendered ISA header and
 the flags; a build prints one progress line. `KOG_KERNELS_CACHE` overrides the cache root. The variants: one GPU
 with the tensor-parallel exchange compiled out (-DMK_TP=0), with or without cluster=True (-DMK_CLUSTER=1: the
-attention combined inside thread-block clusters, Monokernel(attn_cluster=...)), and tp=True (kernels/tp_runtime.py). Each is built for one attention head size (head_dim in isa.HEAD_DIMS:
--DMK_HEAD_DIM), so the kernel holds one attention path (a smaller kernel).
+attention combined inside thread-block clusters, Monokernel(attn_cluster=...)), and tp=True (kernels/tp_runtime.py).
+Each is built for one attention head size (head_dim in isa.HEAD_DIMS: -DMK_HEAD_DIM), so the kernel holds one
+attention path (a smaller kernel).
 """
 from __future__ import annotations
 

@@ -114,7 +114,8 @@ class Monokernel:
         """sched: a prebuilt schedule for this model's shape and n_sm (tensor parallelism passes one whose
         exchanged waits count every rank's producers, and tp_build: the library variant with the exchange:
         kernels/tp_runtime.py). fused_mlp: the MLP schedule (schedule.build(fused_mlp=True); default: on for the
-        one-GPU build without a prebuilt schedule; the tensor-parallel build has GATEUP + DOWN only). attn_cluster: 2, 4, 8 or 16 (16: not portable, an H200 holds 7): launch
+        one-GPU build without a prebuilt schedule; the tensor-parallel build has GATEUP + DOWN only).
+        attn_cluster: 2, 4, 8 or 16 (16: not portable, an H200 holds 7): launch
         in thread-block clusters of that many CTAs (the library built with cluster=True) with each kv head's
         attention splits on one cluster, combined over distributed shared memory (schedule.build(cluster=...));
         n_sm defaults to every resident cluster. n_splits: attention position splits per kv head in the schedule it
@@ -161,7 +162,8 @@ class Monokernel:
         # Capacity: max(128, max_len / n_splits) positions, bounded by the SM's shared memory.
         max_len = k_cache.shape[3]
         # the cluster build's receive region for the combine is static shared memory (monokernel.cu cl_recv,
-        # MK_RECV_FLOATS: MAX_GROUP x head_dim o values + (max, denominator) pairs of MAX_GROUP heads for up to 16 splits)
+        # MK_RECV_FLOATS: MAX_GROUP x head_dim o values + (max, denominator) pairs of MAX_GROUP heads for up to 16
+        # splits)
         recv_floats = isa.MAX_GROUP * cfg.head_dim + 16 * 2 * isa.MAX_GROUP
         optin = smem_optin(props) - (4 * recv_floats if attn_cluster else 0)
         try:

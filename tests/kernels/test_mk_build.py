@@ -53,7 +53,8 @@ def test_flags_name_the_variant_and_refuse_what_cannot_build():
 def test_the_source_refuses_what_the_tensor_parallel_build_cannot_hold(tmp_path, tp, cl, hd, why):
     from kernels import isa
     (tmp_path / "mk_isa.h").write_text(isa.render_header())
-    res = subprocess.run([build.find_nvcc(), "-E", "-std=c++17", f"-DMK_TP={tp}", f"-DMK_CLUSTER={cl}", f"-DMK_HEAD_DIM={hd}", f"-I{tmp_path}", f"-I{build.CSRC}",
+    res = subprocess.run([build.find_nvcc(), "-E", "-std=c++17", f"-DMK_TP={tp}", f"-DMK_CLUSTER={cl}",
+                          f"-DMK_HEAD_DIM={hd}", f"-I{tmp_path}", f"-I{build.CSRC}",
                           str(build.CSRC / "monokernel.cu"), "-o", "/dev/null"], capture_output=True, text=True)
     assert (res.returncode == 0) == (not why), res.stderr[-2000:]
     if why:
