@@ -115,6 +115,7 @@ PARAM_FIELDS = [
     ("kv_stage_pos", "i32"),     # K/V rows per attention split staged in shared memory before the wait
     ("stage_floats", "i32"),     # size of the staging region (floats from sm_kv); the combine reuses it
     ("sm_vec", "i32"), ("sm_red", "i32"), ("sm_out", "i32"), ("sm_scr", "i32"), ("sm_kv", "i32"),
+    ("sm_tab", "i32"),           # the layer table, then this CTA's instruction list (copied in at the start)
     ("token_ctr", "i32"),
     ("tp_rank", "i32"), ("tp_size", "i32"),   # 0, 1 on a single GPU: no exchange code runs
     # Vocabulary-parallel LM head (lm_parallel 1): this rank's rows are global ids vocab_off + local row (vocab is

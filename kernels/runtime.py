@@ -232,7 +232,8 @@ class Monokernel:
         self.host_stat = HostBuffer(lib, isa.HOST_WORDS)
         self.cancel_flag = HostBuffer(lib, 1)
         vec = max(dm.d, dm.q_dim, dm.ffn)
-        self.layout = dict(sm_vec=0, sm_red=vec, sm_out=vec + isa.SMEM_RED_FLOATS, sm_scr=0, sm_kv=self.sm_kv)
+        self.layout = dict(sm_vec=0, sm_red=vec, sm_out=vec + isa.SMEM_RED_FLOATS, sm_scr=0, sm_kv=self.sm_kv,
+                           sm_tab=self.smem_layout.sm_tab)
         self.running = False
         self.stream = None
         # Attention splits hold at least attn_min_pos positions (fewer, longer splits at short contexts: a cheaper

@@ -90,14 +90,23 @@ class Schedule:
 class SmemLayout:
     """A CTA's dynamic shared memory (floats unless named bytes): the working region (schedule.smem_bytes), then the
     attention staging of stage_pos positions (per position its K row padded by KPAD and its V row, bf16, and
-    MAX_GROUP scores). The sampler's top-p candidates (2 floats each: probability and token id) start at the
-    partial-sum region (after the input vector) and may run to the end: nothing else is live in the sampling CTA
-    then (mk_sample.cuh nucleus_pick)."""
+    MAX_GROUP scores), then the tables (tables_floats: the layer table and this CTA's instruction list, copied in at
+    the kernel's start). The sampler's top-p candidates (2 floats each: probability and token id) start at the
+    partial-sum region (after the input vector) and may run up to the tables: nothing else is live in the sampling
+    CTA then (mk_sample.cuh nucleus_pick)."""
     sm_kv: int            # float offset of the staging, 16-byte aligned
     stage_pos: int        # positions staged at once
     stage_floats: int
     smem: int             # bytes
     sampler_floats: int   # room for the sampler's candidates
+    sm_tab: int           # float offset of the tables, 16-byte aligned
+
+
+def tables_floats(sched: Schedule) -> int:
+    """Shared-memory floats of the kernel's tables: the layer table (isa.LAYER_FIELDS, 8-byte pointers) and the
+    longest instruction list of an SM."""
+    longest = max(len(lst) for lst in sched.per_sm)
+    return sched.dims.n_layers * 2 * len(isa.LAYER_FIELDS) + longest * isa.INSTR_WORDS
 
 
 def smem_layout(sched: Schedule, max_len: int, optin: int, cap: int | None = None) -> SmemLayout:
@@ -106,13 +115,15 @@ def smem_layout(sched: Schedule, max_len: int, optin: int, cap: int | None = Non
     dm = sched.dims
     sm_kv = -(-sched.smem_bytes() // 16) * 4
     row = 4 * dm.head_dim + 2 * isa.KPAD + 4 * isa.MAX_GROUP
-    fit = (optin - 4 * sm_kv) // row
+    tab = tables_floats(sched)
+    fit = (optin - 4 * (sm_kv + tab + 3)) // row
     if fit < 16:
         raise ValueError(f"monokernel: no shared memory left for attention staging ({fit} positions)")
     pos = min(max(128, -(-max_len // sched.n_splits)), fit, cap if cap else fit)
     stage = pos * row // 4
+    sm_tab = -(-(sm_kv + stage) // 4) * 4
     vec = max(dm.d, dm.q_dim, dm.ffn)
-    return SmemLayout(sm_kv, pos, stage, 4 * (sm_kv + stage), sm_kv + stage - vec)
+    return SmemLayout(sm_kv, pos, stage, 4 * (sm_tab + tab), sm_tab - vec, sm_tab)
 
 
 def sampler_fits(n_records: int, sampler_floats: int) -> bool:

@@ -133,6 +133,7 @@ struct MkParams {
     int sm_out;
     int sm_scr;
     int sm_kv;
+    int sm_tab;
     int token_ctr;
     int tp_rank;
     int tp_size;

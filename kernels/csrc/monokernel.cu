@@ -52,9 +52,9 @@ MK_DEV void prefetch_rows(const mk_bf16* base, size_t row0, int rows, int K, int
         mk_prefetch_l2(p + off, n - off < chunk ? n - off : chunk);
 }
 
-MK_DEV void prefetch_instr(const MkParams& p, const int* ins) {
+MK_DEV void prefetch_instr(const MkParams& p, const MkLayer* layers, const int* ins) {
     const int op = ins[MK_F_OP], a0 = ins[MK_F_A0], a1 = ins[MK_F_A1];
-    const MkLayer& Lw = p.layers[ins[MK_F_LAYER]];
+    const MkLayer& Lw = layers[ins[MK_F_LAYER]];
     const int b = p.prefetch_bytes;
     switch (op) {
     case MK_OP_QKV: prefetch_rows(Lw.wqkv, a0, a1, p.d, b); break;
@@ -80,8 +80,20 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
     float* sm = (float*)mk_smem4;
     __shared__ float scr[2 * NW + 8];
     __shared__ int sflag[4];
-    const int* my = p.instr + (size_t)p.sm_off[blockIdx.x] * MK_INSTR_WORDS;
     const int n_my = p.sm_off[blockIdx.x + 1] - p.sm_off[blockIdx.x];
+    // The layer table and this CTA's instruction list live in shared memory (copied in once, below): every
+    // instruction starts by reading both, right after a wait whose acquire polls left the L1 empty, and from global
+    // memory that was two dependent L2 round trips before its first weight loads could be issued.
+    constexpr int LW = (int)(sizeof(MkLayer) / sizeof(int));
+    const MkLayer* layers = (const MkLayer*)(sm + p.sm_tab);
+    const int* my = (const int*)(sm + p.sm_tab) + p.n_layers * LW;
+    {
+        int* tab = (int*)(sm + p.sm_tab);
+        const int* gi = p.instr + (size_t)p.sm_off[blockIdx.x] * MK_INSTR_WORDS;
+        for (int i = threadIdx.x; i < p.n_layers * LW; i += NT) tab[i] = ((const int*)p.layers)[i];
+        for (int i = threadIdx.x; i < n_my * MK_INSTR_WORDS; i += NT) tab[p.n_layers * LW + i] = gi[i];
+        __syncthreads();
+    }
     float* sv = sm + p.sm_vec;
     float* red = sm + p.sm_red;
     float* out = sm + p.sm_out;
@@ -113,7 +125,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
         for (int ii = 0; ii < n_my; ++ii) {
             const int* ins = my + ii * MK_INSTR_WORDS;
             const int op = ins[MK_F_OP], layer = ins[MK_F_LAYER], a0 = ins[MK_F_A0], a1 = ins[MK_F_A1];
-            const MkLayer& Lw = p.layers[layer];
+            const MkLayer& Lw = layers[layer];
             // The matvec this instruction runs (weights only: known before its inputs are ready).
             RowMap m{nullptr, a0, a1, 0};
             int R = 0, K = 0;
@@ -133,7 +145,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             MvBatch cb;
             const bool pre = R > 0 && p.early_loads;
             if (pre) mv_load(m, R, K, threadIdx.x >> 5, w, cb);   // in flight while we wait
-            if (p.prefetch_bytes > 0) prefetch_instr(p, ins);
+            if (p.prefetch_bytes > 0) prefetch_instr(p, layers, ins);
             if (op == MK_OP_ATTN) {   // cached K/V rows in flight while we wait, like a matvec's weights
                 attn_prefetch<MK_HEAD_DIM>(p, ins, pos, sm);
             }
