@@ -48,6 +48,25 @@ def fresh_cache(cfg, max_len=64, slots=2):
     return torch.full(shape, float("nan")), torch.full(shape, float("nan"))
 
 
+def twin_schedule_error(model: Model, sched, ids_seed: int, order_seed: int, attn_min_pos: int = 2) -> float:
+    """Largest relative L2 error of the CPU twin running `sched` on `model` (a tiny_model), against the reference
+    model, over 5 teacher-forced steps after a 9-token prompt drawn with ids_seed (the schedule experiments of
+    bench/experiments check their re-placed schedules with it)."""
+    from engine.model import rope_inv_freq
+    from .twin import Twin
+    cfg = model.cfg
+    ids = torch.randint(0, cfg.vocab_size, (14,), generator=torch.Generator().manual_seed(ids_seed)).tolist()
+    prompt, forced = ids[:9], ids[9:]
+    k_ref, v_ref = fresh_cache(cfg, slots=2)
+    model.forward(k_ref, v_ref, 1, torch.tensor(prompt), 0)
+    k_tw, v_tw = k_ref.clone(), v_ref.clone()
+    ref = torch.stack([model.forward(k_ref, v_ref, 1, torch.tensor([t]), len(prompt) + j)
+                       for j, t in enumerate(forced)])
+    res = Twin(model, sched, rope_inv_freq(cfg)).run(k_tw, v_tw, 1, forced[0], len(prompt), len(forced),
+                                                      forced=forced, order_seed=order_seed, attn_min_pos=attn_min_pos)
+    return max(((res.logits[s] - ref[s]).norm() / ref[s].norm()).item() for s in range(len(forced)))
+
+
 # ---- delayed mode: random Laneformer lane models of a dense shape (tests/gpu/test_tp_delayed.py, bench/tp.py) ----
 def lane_config_like(cfg, lanes: int, **kw):
     """engine.lanes LaneConfig with the dense ModelConfig `cfg`'s sizes (per-lane weights are 1/lanes of the dense

@@ -54,30 +54,16 @@ def qkv_on_attention_sms(sched: Schedule) -> Schedule:
 
 
 def twin_check() -> None:
-    import torch
-    from engine.model import rope_inv_freq
     from kernels import schedule
-    from kernels.testing import fresh_cache, tiny_cfg, tiny_model
-    from kernels.twin import Twin
+    from kernels.testing import tiny_cfg, tiny_model, twin_schedule_error
     for kw in (dict(arch="qwen2"), dict(arch="qwen2", n_heads=6, n_kv_heads=2, head_dim=32, hidden_size=96)):
         for n_sm, cs in ((16, 8), (32, 16)):
             for fused in (False, True):
                 cfg = tiny_cfg(**kw)
-                model = tiny_model(cfg, seed=n_sm)
-                ids = torch.randint(0, cfg.vocab_size, (14,), generator=torch.Generator().manual_seed(n_sm)).tolist()
-                prompt, forced = ids[:9], ids[9:]
-                k_ref, v_ref = fresh_cache(cfg, slots=2)
-                model.forward(k_ref, v_ref, 1, torch.tensor(prompt), 0)
-                k_tw, v_tw = k_ref.clone(), v_ref.clone()
-                ref = torch.stack([model.forward(k_ref, v_ref, 1, torch.tensor([t]), len(prompt) + j)
-                                   for j, t in enumerate(forced)])
                 sched = qkv_on_attention_sms(schedule.build(schedule.Dims.of(cfg), n_sm=n_sm, fused_mlp=fused,
                                                             cluster=cs))
                 for seed in (1, 2):
-                    res = Twin(model, sched, rope_inv_freq(cfg)).run(
-                        k_tw.clone(), v_tw.clone(), 1, forced[0], len(prompt), len(forced), forced=forced,
-                        order_seed=seed, attn_min_pos=2)
-                    err = max(((res.logits[s] - ref[s]).norm() / ref[s].norm()).item() for s in range(len(forced)))
+                    err = twin_schedule_error(tiny_model(cfg, seed=n_sm), sched, n_sm, seed)
                     print(f"twin {kw} n_sm {n_sm} cluster {cs} fused {fused} order {seed}: QKV "
                           f"{sched.counts['QKV']} x {sched.rows['QKV']} rows, max rel err {err:.1e}")
                     assert err < 1e-4

@@ -1,7 +1,9 @@
 """Who is late, and why, in the per-instruction traces of bench/experiments/trace-dump.py (bench/NOTES.md, session 16).
 For each shape: per stage, how far each instruction finishes after the stage's median, grouped by what else its SM ran
 in that layer; then the attention's slowest split per layer: how late it saw its inputs, its q / loop / partial times,
-the op its SM ran before it and when that op signalled. All medians over the traced layers of every traced step.
+the op its SM ran before it and when that op signalled; then the gap between one instruction's signal and the next
+one's wait on each SM, and who reaches a wait late (session 22). All medians over the traced layers of every traced
+step.
 usage: python3 bench/experiments/trace-late.py trace_dump.json"""
 import collections
 import json
@@ -89,8 +91,36 @@ def sm_offsets(name: str, d: dict, op: str) -> None:
           + f" us; split-half correlation {st.correlation(a, b):.2f}")
 
 
+def gaps_and_arrivals(name: str, d: dict) -> None:
+    """(session 22) Per pair of consecutive ops on one SM, the time from the first one's signal to the second one's
+    wait (what the SM does between two instructions); per stage, the share of instructions that reach their wait
+    after the stage's first consumer saw its inputs, and how long those wait."""
+    ops = {v: k for k, v in d["ops"].items()}
+    gaps, late, n = collections.defaultdict(list), collections.defaultdict(list), collections.Counter()
+    for recs in d["recs"].values():
+        per_sm = collections.defaultdict(dict)
+        stages = collections.defaultdict(list)
+        for r in recs:
+            per_sm[r["sm"]][r["index"]] = r
+            stages[r["layer"], ops[r["op"]]].append(r)
+        for m in per_sm.values():
+            for i, r in m.items():
+                if i - 1 in m:
+                    gaps[ops[m[i - 1]["op"]], ops[r["op"]]].append(us(r["t_wait"] - m[i - 1]["t_done"]))
+        for (_, op), rs in stages.items():
+            first = min(r["t_ready"] for r in rs)
+            n[op] += len(rs)
+            late[op] += [us(r["t_ready"] - r["t_wait"]) for r in rs if r["t_wait"] > first]
+    print("  signal -> next wait on the same SM: " + ", ".join(
+        f"{a}->{b} {st.median(v):.2f}" for (a, b), v in sorted(gaps.items()) if len(v) >= 10) + " us (medians)")
+    print("  reached the wait after the stage's inputs were ready: " + ", ".join(
+        f"{op} {100 * len(late[op]) / n[op]:.1f} % (wait {st.median(late[op]) if late[op] else 0:.2f} us)"
+        for op in n if op not in ("SAMPLE",)))
+
+
 data = json.load(open(sys.argv[1]))
 for name, d in data.items():
     report(name, d)
+    gaps_and_arrivals(name, d)
     for op in ("MLP", "GATEUP", "DOWN", "LMHEAD"):
         sm_offsets(name, d, op)

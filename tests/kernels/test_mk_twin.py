@@ -9,7 +9,7 @@ from engine.sampling import SamplingParams, sample
 from kernels import isa, schedule
 from kernels.sampling_rng import gumbel, mix_uniform
 from kernels.twin import ScheduleError, Twin
-from kernels.testing import fresh_cache, tiny_cfg, tiny_model
+from kernels.testing import fresh_cache, tiny_cfg, tiny_model, twin_schedule_error
 
 SHAPES = {
     "qwen2-gqa2": dict(arch="qwen2"),
@@ -192,6 +192,21 @@ def test_weakened_wait_is_caught():
     """Lower one OPROJ wait so it may run before attention is combined: the tags must notice."""
     _assert_weakened_wait_caught(False, lambda ins, _: ins[:4] + (isa.counter_index(ins[1], isa.CTR_QKV), 1) + ins[6:]
                                  if ins[0] == isa.OPS["OPROJ"] else None, 6)
+
+
+def test_twin_schedule_error_of_a_schedule_and_of_a_broken_one():
+    """kernels.testing.twin_schedule_error (the schedule experiments' CPU check): a built schedule is within float
+    rounding of the reference; one whose ATTN waits for too few QKV producers is refused by the twin's tags."""
+    cfg = tiny_cfg(**SHAPES["qwen2-gqa2"])
+    model = tiny_model(cfg, seed=3)
+    sched = schedule.build(schedule.Dims.of(cfg), n_sm=8, fused_mlp=True)
+    assert twin_schedule_error(model, sched, ids_seed=1, order_seed=2) < 1e-5
+    weak = [[ins[:5] + (1,) + ins[6:] if ins[0] == isa.OPS["ATTN"] else ins for ins in lst] for lst in sched.per_sm]
+    broken = schedule.Schedule(dims=sched.dims, n_sm=8, n_splits=sched.n_splits, rows=sched.rows, counts=sched.counts,
+                               per_sm=weak, n_counters=sched.n_counters, fused_mlp=True)
+    with pytest.raises(ScheduleError):
+        for order in range(1, 9):
+            twin_schedule_error(model, broken, ids_seed=1, order_seed=order)
 
 
 def test_temperature_sampling_is_seeded_and_top_p_stays_in_nucleus(qwen_tiny):
