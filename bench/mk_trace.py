@@ -5,7 +5,9 @@
 For each stage (layer, op) this derives:
   hop    = first consumer sees its inputs - last producer of the previous stage signalled (signal latency)
   span   = last instruction of the stage signalled - first one saw its inputs (work + stragglers)
-  spread = last - median signal time of the stage (how much the slowest CTA holds everyone up)
+  spread = last - median signal time of the stage (how much the slowest CTA holds everyone up; for ATTN over the
+           splits with positions only: idle splits signal at once, and with them in the median a plain launch's
+           attention showed a ~2.9 us "spread" that was no straggler at all, bench/NOTES.md session 22)
 and, per matvec instruction (medians over the stage's instructions): prep = inputs ready -> matvec start
 (norm / vector loads), mv = matvec start -> signalled (weights + epilogue; mv_max the slowest). For ATTN the
 "matvec start" stamp is the split's partial published: prep = the partial, mv = the wait for the head's other
@@ -35,8 +37,9 @@ def stage_table(records: list[dict], op_names: dict[int, str]) -> dict:
     for key in order:
         rs = stages[key]
         ready = min(r["t_ready"] for r in rs)
-        dones = sorted(r["t_done"] for r in rs)
-        done = dones[-1]
+        done = max(r["t_done"] for r in rs)
+        busy = [r for r in rs if r.get("t_q") is not None] if op_names[rs[0]["op"]] == "ATTN" else rs
+        dones = sorted(r["t_done"] for r in (busy or rs))
         d = per_op.setdefault(op_names[rs[0]["op"]], {"hop_us": [], "span_us": [], "spread_us": [], "prep_us": [],
                                                        "prep_max_us": [], "mv_us": [], "mv_max_us": []})
         att = [r for r in rs if r.get("t_q") is not None and r.get("t_loop") is not None]

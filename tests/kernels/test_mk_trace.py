@@ -88,3 +88,7 @@ def test_attention_phases_of_the_slowest_split():
     assert tab["ATTN"]["loop_us"] == pytest.approx(4.4)   # 6000 - 1600
     assert tab["ATTN"]["merge_us"] == pytest.approx(0.5)
     assert "slowest split" in mk_trace.format_table("x", tab)
+    # spread over the splits with positions (done at 4600 and 6600: median 5600); the idle split's early signal
+    # (1450) is not in it, and the span still ends with the last split
+    assert tab["ATTN"]["spread_us"] == pytest.approx(1.0)
+    assert tab["ATTN"]["span_us"] == pytest.approx((6600 - 1300) / 1e3)
