@@ -5,9 +5,9 @@
 For each stage (layer, op) this derives:
   hop    = first consumer sees its inputs - last producer of the previous stage signalled (signal latency)
   span   = last instruction of the stage signalled - first one saw its inputs (work + stragglers)
-  spread = last - median signal time of the stage (how much the slowest CTA holds everyone up; for ATTN over the
-           splits with positions only: idle splits signal at once, and with them in the median a plain launch's
-           attention showed a ~2.9 us "spread" that was no straggler at all, bench/NOTES.md session 22)
+  spread = last - median signal time of the stage (how much the slowest CTA holds everyone up; for ATTN, as its
+           prep and mv below, over the splits with positions only: idle splits signal at once, and with them in the
+           median a plain launch's attention showed a ~2.9 us "spread" that was no straggler, NOTES session 22)
 and, per matvec instruction (medians over the stage's instructions): prep = inputs ready -> matvec start
 (norm / vector loads), mv = matvec start -> signalled (weights + epilogue; mv_max the slowest). For ATTN the
 "matvec start" stamp is the split's partial published: prep = the partial, mv = the wait for the head's other
@@ -49,7 +49,7 @@ def stage_table(records: list[dict], op_names: dict[int, str]) -> dict:
         elif att:   # ATTN splits with positions: q + rope, the position loop, the in-CTA merge up to the ticket
             for k, a, b in (("q_us", "t_ready", "t_q"), ("loop_us", "t_q", "t_loop"), ("merge_us", "t_loop", "t_mv")):
                 d.setdefault(k, []).append(max(r[b] - r[a] for r in att if r[b] is not None) / 1e3)
-        mv = [r for r in rs if r.get("t_mv") is not None]
+        mv = [r for r in (busy or rs) if r.get("t_mv") is not None]
         if mv:
             d["prep_us"].append(statistics.median(r["t_mv"] - r["t_ready"] for r in mv) / 1e3)
             d["prep_max_us"].append(max(r["t_mv"] - r["t_ready"] for r in mv) / 1e3)

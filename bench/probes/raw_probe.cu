@@ -13,7 +13,9 @@
 //          reads that head's q / k / v), one float per thread per round;
 //   whole  all D floats (D <= 2048), one float4 per thread (like OPROJ's and the norms' vector reads);
 //   half2  the half read as two floats per thread, the second load issued after the first is used (the kernel's
-//          loop on 1.5B); half2i the same two loads issued together.
+//          loop on 1.5B); half2i the same two loads issued together;
+//   gather the R floats of each of 32 other CTAs (blockIdx + 1 .. + 32), one float per thread: each chunk has ~32
+//          readers (like the plain launch's attention merge, which reads one slice of each split's partial).
 // Thread 0 stamps t2 once its own loaded values are back (a data-dependent stamp); the probe prints the median of
 // t2 - t1 over CTAs and stages, and the chain's us per stage. Reader load state at the wait ("inflight"):
 //   none   nothing else in flight;
@@ -40,7 +42,7 @@
 #define FMAX 576            // floats of the "half" read (0.5B: 7 q heads + k + v of one kv head, head_dim 64)
 #define WSTREAM_BYTES (1u << 30)
 
-enum Pattern { HALF, WHOLE, HALF2, HALF2I };
+enum Pattern { HALF, WHOLE, HALF2, HALF2I, GATHER };
 enum Inflight { NONE, LD64, CP16 };
 
 __device__ float g_sink;
@@ -83,6 +85,9 @@ __global__ void __launch_bounds__(NT, 1) chain(float* vec, const float* stale_ve
                 const float4 a = mk_ld_cg4((const float4*)(src + i));
                 acc += a.x + a.y + a.z + a.w;
             }
+        } else if (PAT == GATHER) {
+            if (threadIdx.x < 32 * R)
+                acc = mk_ld_cg(src + (size_t)((blockIdx.x + 1 + threadIdx.x / R) % nb) * R + threadIdx.x % R);
         } else {
             const float* h = src + (size_t)(blockIdx.x & 1) * F;
             if (PAT == HALF) {
@@ -170,6 +175,8 @@ int main() {
         run(chain<WHOLE, LD64>, "whole", "ld64", R);
         run(chain<WHOLE, CP16>, "whole", "cp16", R);
     }
+    run(chain<GATHER, NONE>, "gather", "none", 16);
+    run(chain<GATHER, LD64>, "gather", "ld64", 16);
     run(chain<HALF2, NONE>, "half2", "none", 16);
     run(chain<HALF2I, NONE>, "half2i", "none", 16);
     run(chain<HALF2, CP16>, "half2", "cp16", 16);

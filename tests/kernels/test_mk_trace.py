@@ -91,4 +91,5 @@ def test_attention_phases_of_the_slowest_split():
     # spread over the splits with positions (done at 4600 and 6600: median 5600); the idle split's early signal
     # (1450) is not in it, and the span still ends with the last split
     assert tab["ATTN"]["spread_us"] == pytest.approx(1.0)
+    assert tab["ATTN"]["prep_us"] == pytest.approx(4.2)   # partial published: 3.2 and 5.2 us after ready
     assert tab["ATTN"]["span_us"] == pytest.approx((6600 - 1300) / 1e3)
