@@ -100,3 +100,20 @@ def time_and_trace(mk, label: str, ctxs=(512, 2048), reps: int = 2, n: int = 256
     mk.run(0, 1234, 512, n)
     print(format_table(label, stage_table(mk.trace_records(), {v: k for k, v in isa.OPS.items()})), flush=True)
     mk.enable_trace(None)
+
+
+def time_replaced_schedule(name: str, transform, label: str, n: int = 256) -> None:
+    """time_and_trace of the engine's launch for preset `name` (bench/decode.py's random model and KV) with every
+    schedule the runtime builds passed through transform(schedule, dims) first (None: as built): the runner of the
+    schedule re-placement experiments (bench/experiments/qkv-*-time.py). One configuration per process."""
+    from bench.decode import random_setup
+    import kernels.runtime as rt
+    from kernels.schedule import Dims, attn_cluster_model
+    cfg, model, cache = random_setup(name, 2048 + n + 64)
+    dims = Dims.of(cfg)
+    if transform is not None:
+        built = rt.build_schedule
+        rt.build_schedule = lambda *a, **kw: transform(built(*a, **kw), dims)
+    mk = rt.Monokernel(model, cache.k, cache.v, max_steps=n + 64, attn_cluster=attn_cluster_model(dims))
+    time_and_trace(mk, f"{name} {label} ({mk.sched.counts['QKV']} QKV instructions, at most {mk.sched.rows['QKV']} "
+                   f"rows)", n=n)

@@ -96,18 +96,10 @@ def twin_check() -> None:
 if __name__ == "__main__" and sys.argv[1:] == ["--twin"]:
     twin_check()
 elif __name__ == "__main__":
-    from bench.decode import random_setup
-    from bench.mk_trace import time_and_trace
-    import kernels.runtime as rt
-    from kernels.schedule import Dims, attn_cluster_model, attn_split_defaults
-
+    from bench.mk_trace import time_replaced_schedule
+    from kernels.schedule import attn_split_defaults
     name = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-coder-1.5b"
     light = int(sys.argv[2]) if len(sys.argv) > 2 else 0
-    cfg, model, cache = random_setup(name, 2048 + N + 64)
-    if light:
-        busy = attn_split_defaults(Dims.of(cfg))[1]
-        base_build = rt.build_schedule
-        rt.build_schedule = lambda *a, **kw: qkv_light_on_attention_sms(base_build(*a, **kw), light, busy)
-    mk = rt.Monokernel(model, cache.k, cache.v, max_steps=N + 64, attn_cluster=attn_cluster_model(Dims.of(cfg)))
-    tag = f"QKV light={light} ({mk.sched.counts['QKV']} instructions, max {mk.sched.rows['QKV']} rows)"
-    time_and_trace(mk, f"{name} {tag}", n=N)
+    time_replaced_schedule(
+        name, (lambda s, dims: qkv_light_on_attention_sms(s, light, attn_split_defaults(dims)[1])) if light else None,
+        f"QKV light={light}", n=N)

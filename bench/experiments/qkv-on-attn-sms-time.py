@@ -72,19 +72,10 @@ def twin_check() -> None:
 if __name__ == "__main__" and sys.argv[1:] == ["--twin"]:
     twin_check()
 elif __name__ == "__main__":
-    from bench.decode import random_setup
-    from bench.mk_trace import time_and_trace
-    import kernels.runtime as rt
-    from kernels.schedule import Dims, attn_cluster_model
-
+    from bench.mk_trace import time_replaced_schedule
     name = sys.argv[1] if len(sys.argv) > 1 else "qwen2.5-coder-0.5b"
     mode = sys.argv[2] if len(sys.argv) > 2 else "placed"
     if mode not in ("default", "placed"):
         raise SystemExit("mode: default or placed")
-    if mode == "placed":   # the runtime builds its own schedule for a cluster launch: re-place what it builds
-        base_build = rt.build_schedule
-        rt.build_schedule = lambda *a, **kw: qkv_on_attention_sms(base_build(*a, **kw))
-    cfg, model, cache = random_setup(name, 2048 + N + 64)
-    mk = rt.Monokernel(model, cache.k, cache.v, max_steps=N + 64, attn_cluster=attn_cluster_model(Dims.of(cfg)))
-    tag = f"QKV {mode} ({mk.sched.counts['QKV']} x {mk.sched.rows['QKV']} rows)"
-    time_and_trace(mk, f"{name} {tag}", n=N)
+    time_replaced_schedule(name, (lambda s, _: qkv_on_attention_sms(s)) if mode == "placed" else None, f"QKV {mode}",
+                           n=N)
