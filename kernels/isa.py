@@ -79,6 +79,11 @@ LAYER_FIELDS = [("ln1", "p:const float"), ("wqkv", "p:const mk_bf16"), ("bqkv", 
                 ("wo", "p:const mk_bf16"), ("ln2", "p:const float"), ("wgu", "p:const mk_bf16"),
                 ("wd", "p:const mk_bf16"),
                 ("wdt", "p:const mk_bf16")]   # Wd transposed [ffn, d] (fused MLP schedule only, else NULL)
+# 4-byte words of one MkLayer (all its fields are 8-byte pointers): the kernel copies the layer table into shared
+# memory as that many words per layer and schedule.tables_floats sizes the region with it; the header checks
+# sizeof(MkLayer) against it.
+assert all(kind.startswith("p:") for _, kind in LAYER_FIELDS)
+LAYER_WORDS = 2 * len(LAYER_FIELDS)
 PARAM_FIELDS = [
     ("layers", "p:const MkLayer"), ("embed", "p:const mk_bf16"), ("lm_head", "p:const mk_bf16"),
     ("final_norm", "p:const float"), ("inv_freq", "p:const float"),
@@ -186,6 +191,7 @@ def render_header() -> str:
         lines.append(f"#define MK_F_{f.upper()} {i}")
     lines += [
         f"#define MK_INSTR_WORDS {INSTR_WORDS}",
+        f"#define MK_LAYER_WORDS {LAYER_WORDS}",
         f"#define MK_CTR_PER_LAYER {CTR_PER_LAYER}",
         f"#define MK_TOPK {TOPK}",
         f"#define MK_REC_WORDS {REC_WORDS}",
@@ -217,6 +223,8 @@ def render_header() -> str:
         f"#define MK_HOST_WD_STEP {HOST_WD_STEP}",
     ]
     lines += [f"#define MK_REASON_{v.upper()} {k}" for k, v in REASONS.items()]
-    lines += ["", "struct MkLayer {"] + _c_fields(LAYER_FIELDS) + ["};", "", "struct MkParams {"]
+    lines += ["", "struct MkLayer {"] + _c_fields(LAYER_FIELDS) + ["};",
+              'static_assert(sizeof(MkLayer) == 4 * MK_LAYER_WORDS, "MK_LAYER_WORDS (isa.LAYER_WORDS)");', "",
+              "struct MkParams {"]
     lines += _c_fields(PARAM_FIELDS) + ["};", ""]
     return "\n".join(lines)

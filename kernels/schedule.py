@@ -103,10 +103,10 @@ class SmemLayout:
 
 
 def tables_floats(sched: Schedule) -> int:
-    """Shared-memory floats of the kernel's tables: the layer table (isa.LAYER_FIELDS, 8-byte pointers) and the
-    longest instruction list of an SM."""
+    """Shared-memory floats of the kernel's tables: the layer table (isa.LAYER_WORDS per layer) and the longest
+    instruction list of an SM."""
     longest = max(len(lst) for lst in sched.per_sm)
-    return sched.dims.n_layers * 2 * len(isa.LAYER_FIELDS) + longest * isa.INSTR_WORDS
+    return sched.dims.n_layers * isa.LAYER_WORDS + longest * isa.INSTR_WORDS
 
 
 def smem_layout(sched: Schedule, max_len: int, optin: int, cap: int | None = None) -> SmemLayout:
@@ -116,7 +116,7 @@ def smem_layout(sched: Schedule, max_len: int, optin: int, cap: int | None = Non
     sm_kv = -(-sched.smem_bytes() // 16) * 4
     row = 4 * dm.head_dim + 2 * isa.KPAD + 4 * isa.MAX_GROUP
     tab = tables_floats(sched)
-    fit = (optin - 4 * (sm_kv + tab + 3)) // row
+    fit = (optin - 4 * (sm_kv + tab + 3)) // row   # + 3: the tables start 16-byte aligned after the staging
     if fit < 16:
         raise ValueError(f"monokernel: no shared memory left for attention staging ({fit} positions)")
     pos = min(max(128, -(-max_len // sched.n_splits)), fit, cap if cap else fit)

@@ -19,6 +19,7 @@
 #define MK_F_SIG_CTR 6
 #define MK_F_AUX 7
 #define MK_INSTR_WORDS 8
+#define MK_LAYER_WORDS 16
 #define MK_CTR_PER_LAYER 5
 #define MK_TOPK 8
 #define MK_REC_WORDS 24
@@ -64,6 +65,7 @@ struct MkLayer {
     const mk_bf16* wd;
     const mk_bf16* wdt;
 };
+static_assert(sizeof(MkLayer) == 4 * MK_LAYER_WORDS, "MK_LAYER_WORDS (isa.LAYER_WORDS)");
 
 struct MkParams {
     const MkLayer* layers;

@@ -84,14 +84,13 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
     // The layer table and this CTA's instruction list live in shared memory (copied in once, below): every
     // instruction starts by reading both, right after a wait whose acquire polls left the L1 empty, and from global
     // memory that was two dependent L2 round trips before its first weight loads could be issued.
-    constexpr int LW = (int)(sizeof(MkLayer) / sizeof(int));
     const MkLayer* layers = (const MkLayer*)(sm + p.sm_tab);
-    const int* my = (const int*)(sm + p.sm_tab) + p.n_layers * LW;
+    const int* my = (const int*)(sm + p.sm_tab) + p.n_layers * MK_LAYER_WORDS;
     {
         int* tab = (int*)(sm + p.sm_tab);
         const int* gi = p.instr + (size_t)p.sm_off[blockIdx.x] * MK_INSTR_WORDS;
-        for (int i = threadIdx.x; i < p.n_layers * LW; i += NT) tab[i] = ((const int*)p.layers)[i];
-        for (int i = threadIdx.x; i < n_my * MK_INSTR_WORDS; i += NT) tab[p.n_layers * LW + i] = gi[i];
+        for (int i = threadIdx.x; i < p.n_layers * MK_LAYER_WORDS; i += NT) tab[i] = ((const int*)p.layers)[i];
+        for (int i = threadIdx.x; i < n_my * MK_INSTR_WORDS; i += NT) tab[p.n_layers * MK_LAYER_WORDS + i] = gi[i];
         __syncthreads();
     }
     float* sv = sm + p.sm_vec;
