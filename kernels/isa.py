@@ -95,6 +95,9 @@ PARAM_FIELDS = [
     # acc[rows] into x[rows] and zeroes them, SAMPLE zeroes it before the next step's embedding.
     ("acc", "p:unsigned long long"),
     ("instr", "p:const int"), ("sm_off", "p:const int"),
+    # With a side launch (n_resident > 0): the main launch's own lists, run when the side launch is not resident
+    # (mk_block.cuh side_verdict); NULL otherwise.
+    ("instr_alone", "p:const int"), ("sm_off_alone", "p:const int"),
     ("forced", "p:const int"), ("logits_out", "p:float"), ("out_tokens", "p:int"),
     ("host_tokens", "p:int"), ("host_stat", "p:int"), ("cancel", "p:const int"), ("stop_ids", "p:const int"),
     ("trace", "p:unsigned long long"),   # optional [n_sm, trace_stride, TRACE_WORDS] globaltimer ns, else NULL
@@ -143,18 +146,30 @@ PARAM_FIELDS = [
     ("attn_min_splits", "i32"),
     # The warp whose lane 0 bumps a stage's counter (mk_block.cuh signal_ctr): NWARPS - 1 by default, 0 = thread 0.
     ("signal_warp", "i32"),
+    # The side launch (kernels/runtime.py Monokernel(side=True)): a plain launch of the same kernel on the SMs a
+    # cluster launch leaves idle, running instructions of the same schedule on the same counters. cta0: the index of
+    # this launch's first CTA in the schedule (0: the main launch); n_resident: CTAs of both launches (0: no side
+    # launch); side_wait_ns: how long the main launch waits for every side CTA to be resident before it runs alone.
+    ("cta0", "i32"), ("n_resident", "i32"), ("side_wait_ns", "i32"),
 ]
 # status[] words (device) and host_stat[] words (mapped host memory)
 STATUS_STOP, STATUS_REASON, STATUS_ABORT = 0, 1, 2   # stop: 0 running, else (last step + 1); abort: watchdog
 # tp_size > 1: rank 0 saw the host's cancel flag; every rank cancels from step (word - 1) on (0 = no cancel).
 STATUS_TP_CANCEL = 3
+# Side launch start (mk_block.cuh side_verdict): CTAs of both launches arrived, and the main launch's verdict
+# (0 undecided, SIDE_BOTH, SIDE_ALONE).
+STATUS_ARRIVED, STATUS_VERDICT = 4, 5
+SIDE_BOTH, SIDE_ALONE = 1, 2
+STATUS_WORDS = 8
 MAX_TP = 8                 # ranks the peer-pointer arrays of MkParams hold
 # Delayed-mode reduce modes (engine/lanes ReduceMode; PAST_OWN: PAST whose source layer was not queued, A1).
 LANE_PRESENT, LANE_NO_REDUCE, LANE_PAST, LANE_PAST_OWN = 0, 1, 2, 3
 HOST_COUNT, HOST_DONE, HOST_REASON = 0, 1, 2
 # A wait that spins longer than watchdog_cycles aborts the whole launch and reports where it was stuck.
 HOST_WD_BLOCK, HOST_WD_CTR, HOST_WD_TARGET, HOST_WD_VALUE, HOST_WD_STEP = 3, 4, 5, 6, 7
-HOST_WORDS = 8
+# With a side launch: 1 when the main launch ran alone (the side launch was not resident within side_wait_ns).
+HOST_ALONE = 8
+HOST_WORDS = 9
 # Trace record per instruction (globaltimer ns): wait start, inputs ready, outputs signalled, and the matvec's
 # start (after its norm / vector load) or, for ATTN, its partial published; ATTN splits with positions also stamp
 # q ready (word 4) and their position loop done (word 5). bench/mk_trace.py reads them.
@@ -211,6 +226,12 @@ def render_header() -> str:
         f"#define MK_HOST_REASON {HOST_REASON}",
         f"#define MK_STATUS_ABORT {STATUS_ABORT}",
         f"#define MK_STATUS_TP_CANCEL {STATUS_TP_CANCEL}",
+        f"#define MK_STATUS_ARRIVED {STATUS_ARRIVED}",
+        f"#define MK_STATUS_VERDICT {STATUS_VERDICT}",
+        f"#define MK_STATUS_WORDS {STATUS_WORDS}",
+        f"#define MK_SIDE_BOTH {SIDE_BOTH}",
+        f"#define MK_SIDE_ALONE {SIDE_ALONE}",
+        f"#define MK_HOST_ALONE {HOST_ALONE}",
         f"#define MK_MAX_TP {MAX_TP}",
         f"#define MK_LANE_PRESENT {LANE_PRESENT}",
         f"#define MK_LANE_NO_REDUCE {LANE_NO_REDUCE}",

@@ -57,6 +57,8 @@ def load_library(tp: bool = False, cluster: bool = False, *, head_dim: int) -> c
         lib = ctypes.CDLL(str(build(tp=tp, cluster=cluster, head_dim=head_dim)))
         lib.mk_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         lib.mk_start.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
+        lib.mk_launch_pair.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                                       ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int]
         lib.mk_host_alloc.argtypes = [ctypes.c_size_t, ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p)]
         lib.mk_host_free.argtypes = [ctypes.c_void_p]
         lib.mk_error_string.restype = ctypes.c_char_p
@@ -110,7 +112,7 @@ class Monokernel:
     def __init__(self, model, k_cache: torch.Tensor, v_cache: torch.Tensor, max_steps: int = 4096,
                  n_sm: int | None = None, sched: Schedule | None = None, tp_build: bool = False,
                  fused_mlp: bool | None = None, attn_cluster: int = 0,
-                 n_splits: int | None = None, kv_stage_cap: int | None = None):
+                 n_splits: int | None = None, kv_stage_cap: int | None = None, side: bool | None = None):
         """sched: a prebuilt schedule for this model's shape and n_sm (tensor parallelism passes one whose
         exchanged waits count every rank's producers, and tp_build: the library variant with the exchange:
         kernels/tp_runtime.py). fused_mlp: the MLP schedule (schedule.build(fused_mlp=True); default: on for the
@@ -121,14 +123,20 @@ class Monokernel:
         n_sm defaults to every resident cluster. n_splits: attention position splits per kv head in the schedule it
         builds (default: as many as the SMs allow, schedule.build). kv_stage_cap: at most this many attention
         positions staged per chunk (schedule.smem_layout; default: as many as shared memory holds).
+        side (default: on with attn_cluster when n_sm is not given): the SMs the clusters leave idle (20 of an H200's
+        132 with clusters of 16) run a second, plain launch of the same kernel at the same time, which takes a share
+        of every instruction but the attention on the same counters (schedule.build(cluster_ctas=...)). Nothing
+        guarantees that two launches are resident together: the main launch waits side_wait_ns for the side's CTAs
+        and else runs alone on its own schedule (mk_block.cuh side_verdict; logged, counted in side_alone).
+        Measured on 0.5B (bench/NOTES.md, session 23): -6 us/token at ctx 512 against the same build without it.
         The library calls below bind to the thread's current device, which is the model's device inside this
         block; the caller's comes back after."""
         with torch.cuda.device(model.device):
             self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp, attn_cluster,
-                       n_splits, kv_stage_cap)
+                       n_splits, kv_stage_cap, side)
 
     def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp,
-              attn_cluster, n_splits, kv_stage_cap=None) -> None:
+              attn_cluster, n_splits, kv_stage_cap=None, side=False) -> None:
         self.lib = lib = load_library(tp_build, attn_cluster > 0, head_dim=model.cfg.head_dim)
         self.model, self.cfg = model, model.cfg
         dev = model.device
@@ -142,18 +150,30 @@ class Monokernel:
         self.dims = Dims.of(cfg)
         props = torch.cuda.get_device_properties(dev)
         self.attn_cluster = attn_cluster
+        self.n_side = 0   # CTAs of the side launch (they follow the main launch's in the schedule)
+        if side and not attn_cluster:
+            raise ValueError("side: a side launch runs next to a cluster launch only (attn_cluster)")
         if attn_cluster:
             if tp_build or sched is not None:
                 raise ValueError("attn_cluster: one-GPU builds with their own schedule only")
             fit = ctypes.c_int(0)
             _check(lib, lib.mk_max_clusters(96 * 1024, attn_cluster, ctypes.byref(fit)), "cluster occupancy")
+            if (side is None or side) and n_sm is None:
+                self.n_side = props.multi_processor_count - min(props.multi_processor_count // attn_cluster,
+                                                                fit.value) * attn_cluster
             n_sm = n_sm or min(props.multi_processor_count // attn_cluster, fit.value) * attn_cluster
-        self.n_sm = n_sm or props.multi_processor_count
+        self.n_main = n_sm or props.multi_processor_count   # the main launch's CTAs
+        self.n_sm = self.n_main + self.n_side
         if fused_mlp and (tp_build or (sched is not None and not sched.fused_mlp)):
             raise ValueError("the fused MLP runs on the one-GPU build with its own schedule only")
+        self.sched_alone: Schedule | None = None   # with a side launch: the main launch's own schedule
         if sched is None:
             fused_mlp = not tp_build if fused_mlp is None else fused_mlp
-            sched = build_schedule(self.dims, self.n_sm, n_splits, fused_mlp=fused_mlp, cluster=attn_cluster)
+            sched = build_schedule(self.dims, self.n_sm, n_splits, fused_mlp=fused_mlp, cluster=attn_cluster,
+                                   cluster_ctas=self.n_main if attn_cluster else None)
+            if self.n_side:
+                self.sched_alone = build_schedule(self.dims, self.n_main, n_splits, fused_mlp=fused_mlp,
+                                                  cluster=attn_cluster)
         self.sched: Schedule = sched
         self.fused_mlp = sched.fused_mlp
         # Attention staging after the working buffers (mk_attention.cuh): per position its K row (bf16, padded by
@@ -167,7 +187,7 @@ class Monokernel:
         recv_floats = isa.MAX_GROUP * cfg.head_dim + 16 * 2 * isa.MAX_GROUP
         optin = smem_optin(props) - (4 * recv_floats if attn_cluster else 0)
         try:
-            self.smem_layout = lay = smem_layout(self.sched, max_len, optin, kv_stage_cap)
+            self.smem_layout = lay = smem_layout(self.sched, max_len, optin, kv_stage_cap, alone=self.sched_alone)
         except ValueError as e:
             raise RuntimeError(str(e)) from None
         self.sm_kv, self.stage_capacity, self.stage_floats, self.smem = lay.sm_kv, lay.stage_pos, lay.stage_floats, \
@@ -180,8 +200,8 @@ class Monokernel:
         if attn_cluster:
             fit = ctypes.c_int(0)
             _check(lib, lib.mk_max_clusters(self.smem, attn_cluster, ctypes.byref(fit)), "cluster occupancy")
-            if fit.value * attn_cluster < self.n_sm:
-                raise ValueError(f"attn_cluster {attn_cluster}: {self.n_sm} CTAs, only {fit.value} clusters resident")
+            if fit.value * attn_cluster < self.n_main:
+                raise ValueError(f"attn_cluster {attn_cluster}: {self.n_main} CTAs, only {fit.value} clusters resident")
         bf = torch.bfloat16
         keep = self._keep = []
 
@@ -216,7 +236,7 @@ class Monokernel:
         self.part = torch.zeros(dm.n_kv * sc.n_splits * dm.group * (dm.head_dim + 2), **f32)
         self.lmrec = torch.zeros(sc.n_lm * isa.REC_WORDS, **f32)
         self.ctr = torch.zeros(sc.n_counters, **i32)
-        self.status = torch.zeros(4, **i32)
+        self.status = torch.zeros(isa.STATUS_WORDS, **i32)
         self.max_steps = max_steps
         self.out_tokens = torch.zeros(max_steps, **i32)
         self.forced = torch.zeros(max_steps + 1, **i32)
@@ -224,10 +244,17 @@ class Monokernel:
         off, ins = sc.flat()
         self.sm_off = torch.from_numpy(off).to(dev)
         self.instr = torch.from_numpy(ins).contiguous().to(dev)
-        if not sampler_fits(sc.n_lm, self.smem_layout.sampler_floats):
-            raise ValueError(f"{sc.n_lm} LM-head blocks: their candidates do not fit the sampler's shared memory "
-                             f"({self.smem_layout.sampler_floats} floats)")
         self.max_instr = int((off[1:] - off[:-1]).max())
+        self.sm_off_alone = self.instr_alone = None
+        if self.sched_alone is not None:
+            off_a, ins_a = self.sched_alone.flat()
+            self.sm_off_alone = torch.from_numpy(off_a).to(dev)
+            self.instr_alone = torch.from_numpy(ins_a).contiguous().to(dev)
+            self.max_instr = max(self.max_instr, int((off_a[1:] - off_a[:-1]).max()))
+        for s_ in (sc, self.sched_alone):
+            if s_ is not None and not sampler_fits(s_.n_lm, self.smem_layout.sampler_floats):
+                raise ValueError(f"{s_.n_lm} LM-head blocks: their candidates do not fit the sampler's shared memory "
+                                 f"({self.smem_layout.sampler_floats} floats)")
         self.host_tokens = HostBuffer(lib, max_steps)
         self.host_stat = HostBuffer(lib, isa.HOST_WORDS)
         self.cancel_flag = HostBuffer(lib, 1)
@@ -236,6 +263,12 @@ class Monokernel:
                            sm_tab=self.smem_layout.sm_tab)
         self.running = False
         self.stream = None
+        # The side launch: its stream, how long the main launch waits for it at each start (the two-launch probe:
+        # resident 4-8 us after the main launch's first CTA), and the launches the main one ran alone.
+        self.side_stream = torch.cuda.Stream(dev) if self.n_side else None
+        self.side_wait_ns = 200_000
+        self.side_alone = 0
+        self.side_error: str | None = None   # the side launch failed to start: later launches run without it
         # Attention splits hold at least attn_min_pos positions (fewer, longer splits at short contexts: a cheaper
         # merge; bench/decode.py sweeps it), and at context n at most max(attn_min_splits, ceil(n / kv_stage_pos))
         # of them: one staged chunk per split (0: no such bound). Per model: schedule.attn_split_defaults.
@@ -245,6 +278,9 @@ class Monokernel:
                  self.n_sm, isa.NTHREADS, len(ins), sc.n_splits, self.attn_min_pos, self.attn_min_splits, self.smem,
                  "fused" if self.fused_mlp else "GATEUP + DOWN",
                  f"attention combined in clusters of {self.attn_cluster}" if self.attn_cluster else "no clusters")
+        if self.n_side:
+            log.info("monokernel: side launch of %d CTAs on the SMs the clusters leave idle (%d instructions/step "
+                     "with it, %d alone)", self.n_side, len(ins), int(self.sched_alone.flat()[1].shape[0]))
         # A wait longer than this (~1 s at H200 clocks) aborts the launch and reports the stuck counter.
         self.watchdog_cycles = 2_000_000_000
         # L2 prefetch of each instruction's first weight bytes before its wait (0 = off); see bench/NOTES.md.
@@ -267,8 +303,22 @@ class Monokernel:
         self.stream = torch.cuda.current_stream(self.device)
         with _keeps_device():
             self.lib.mk_set_device(self.dev_index)   # per host thread: the engine worker may not be the creator
-            err = self.lib.mk_launch(ctypes.byref(p), self.n_sm, self.smem, ctypes.c_void_p(self.stream.cuda_stream),
-                                     self.sched.n_counters)
+            if self.side_active:
+                ps = MkParams.from_buffer_copy(p)
+                ps.cta0 = self.n_main
+                if self.trace_buf is not None:   # the side's CTAs stamp rows n_main.. (monokernel.cu trace)
+                    ps.trace = _ptr(self.trace_buf[self.n_main:])
+                err = self.lib.mk_launch_pair(ctypes.byref(p), ctypes.byref(ps), self.n_main, self.n_side, self.smem,
+                                              ctypes.c_void_p(self.stream.cuda_stream),
+                                              ctypes.c_void_p(self.side_stream.cuda_stream), self.sched.n_counters)
+                if err < 0:   # the main launch runs (alone, after side_wait_ns); later ones without the side
+                    self.side_error = f"CUDA error {-err} ({self.lib.mk_error_string(-err).decode()})"
+                    log.warning("monokernel: the side launch failed to start (%s): launching without it from now on",
+                                self.side_error)
+                    err = 0
+            else:
+                err = self.lib.mk_launch(ctypes.byref(p), self.n_main, self.smem,
+                                         ctypes.c_void_p(self.stream.cuda_stream), self.sched.n_counters)
         _check(self.lib, err, "monokernel launch")
         self.running = True
         self.n_steps = n_steps
@@ -305,6 +355,13 @@ class Monokernel:
         p.x, p.qkv, p.attn, p.h, p.part = (_ptr(t) for t in (self.x, self.qkv, self.attn, self.h, self.part))
         p.lmrec, p.ctr, p.status = _ptr(self.lmrec), _ptr(self.ctr), _ptr(self.status)
         p.instr, p.sm_off = _ptr(self.instr), _ptr(self.sm_off)
+        if self.n_side:
+            p.instr_alone, p.sm_off_alone = _ptr(self.instr_alone), _ptr(self.sm_off_alone)
+            if not self.side_active:   # the side launch failed once: its schedule's lists are not run
+                p.instr, p.sm_off = p.instr_alone, p.sm_off_alone
+        p.cta0 = 0
+        p.n_resident = self.n_sm if self.side_active else 0
+        p.side_wait_ns = int(self.side_wait_ns)
         p.forced = _ptr(self.forced) if forced is not None else None
         p.logits_out = _ptr(logits_out)
         p.out_tokens = _ptr(self.out_tokens)
@@ -342,6 +399,15 @@ class Monokernel:
         self._params = p
         return p
 
+    @property
+    def side_active(self) -> bool:
+        """Launches start the side launch (n_side > 0 and it has not failed to start)."""
+        return self.n_side > 0 and self.side_error is None
+
+    def ran_alone(self) -> bool:
+        """The last launch had a side launch planned and ran without it (main launch's own schedule)."""
+        return self.n_side > 0 and (self.side_error is not None or self.host_stat.arr[isa.HOST_ALONE] != 0)
+
     def enable_trace(self, step: int | None) -> None:
         """Record per-instruction timestamps of token step `step` in every later launch (None: off); read them
         with trace_records() after the launch. Tracing only adds a few stores by thread 0: results do not change."""
@@ -359,10 +425,10 @@ class Monokernel:
         if self.trace_buf is None:
             raise RuntimeError("tracing is off (enable_trace)")
         tr = self.trace_buf.cpu()
-        off, ins = self.sched.flat()
+        off, ins = (self.sched_alone if self.ran_alone() else self.sched).flat()
         t0 = int(tr[tr > 0].min()) if (tr > 0).any() else 0
         recs = []
-        for sm in range(self.n_sm):
+        for sm in range(len(off) - 1):
             for i in range(int(off[sm + 1] - off[sm])):
                 a, b, c, mv, q, lp = (int(v) for v in tr[sm, i])
                 if a == 0:
@@ -403,8 +469,13 @@ class Monokernel:
                 if time.monotonic() > t_end:
                     raise TimeoutError(f"monokernel still running after {timeout_s} s: {self.debug_state()}")
                 time.sleep(1e-3)
-        self.stream.synchronize()
+        self.stream.synchronize()   # the main stream waits for the side launch too (mk_launch_pair)
         self.running = False
+        if self.n_side and self.side_error is None and self.host_stat.arr[isa.HOST_ALONE]:
+            self.side_alone += 1
+            log.warning("monokernel: the side launch's %d CTAs were not resident within %d us of the main launch "
+                        "(another kernel on the GPU?): this launch ran on the main launch's %d CTAs alone "
+                        "(%d such launches)", self.n_side, self.side_wait_ns // 1000, self.n_main, self.side_alone)
         if self.host_stat.arr[isa.HOST_REASON] == 4:
             raise RuntimeError(f"monokernel watchdog fired: {self.debug_state()}")
         if self.reason() == "no_token":

@@ -63,6 +63,7 @@ class Schedule:
     exchanged: dict[int, int] = field(default_factory=dict)
     fused_mlp: bool = False           # MLP instructions instead of GATEUP + DOWN (one GPU only)
     cluster: int = 0                  # CTAs per thread-block cluster (0: none); see build
+    cluster_ctas: int = 0             # with cluster: the clustered CTAs, the first ones (the rest: a side launch)
 
     @property
     def n_lm(self) -> int:
@@ -109,13 +110,17 @@ def tables_floats(sched: Schedule) -> int:
     return sched.dims.n_layers * isa.LAYER_WORDS + longest * isa.INSTR_WORDS
 
 
-def smem_layout(sched: Schedule, max_len: int, optin: int, cap: int | None = None) -> SmemLayout:
+def smem_layout(sched: Schedule, max_len: int, optin: int, cap: int | None = None,
+                alone: Schedule | None = None) -> SmemLayout:
     """Staging capacity max(128, max_len / n_splits) positions, bounded by `optin` bytes per CTA and by `cap`
-    positions when given; ValueError when fewer than 16 positions fit."""
+    positions when given; ValueError when fewer than 16 positions fit. alone: the main launch's own schedule of a
+    side launch (runtime.Monokernel(side=True)), which the same layout must hold (more rows per instruction; either
+    schedule may have the longest list)."""
     dm = sched.dims
-    sm_kv = -(-sched.smem_bytes() // 16) * 4
+    both = [sched] if alone is None else [sched, alone]
+    sm_kv = -(-max(s.smem_bytes() for s in both) // 16) * 4
     row = 4 * dm.head_dim + 2 * isa.KPAD + 4 * isa.MAX_GROUP
-    tab = tables_floats(sched)
+    tab = max(tables_floats(s) for s in both)
     fit = (optin - 4 * (sm_kv + tab + 3)) // row   # + 3: the tables start 16-byte aligned after the staging
     if fit < 16:
         raise ValueError(f"monokernel: no shared memory left for attention staging ({fit} positions)")
@@ -228,16 +233,20 @@ def mlp_partial_floats(d: int) -> int:
     return (isa.NTHREADS // nch if nch < isa.NTHREADS else 1) * d
 
 
-def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = False, cluster: int = 0) -> Schedule:
-    """cluster > 0: the kernel runs in thread-block clusters of that many CTAs (n_sm a multiple of it) and each kv
-    head's attention has exactly `cluster` splits, split s on rank s of one cluster (the head's cluster rotates with
-    the layer); every split merges its share of the head's outputs over distributed shared memory and signals
-    ATTN_DONE (mk_attention.cuh attn_cluster_combine)."""
+def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = False, cluster: int = 0,
+          cluster_ctas: int | None = None) -> Schedule:
+    """cluster > 0: the kernel runs in thread-block clusters of that many CTAs and each kv head's attention has
+    exactly `cluster` splits, split s on rank s of one cluster (the head's cluster rotates with the layer); every split
+    merges its share of the head's outputs over distributed shared memory and signals ATTN_DONE
+    (mk_attention.cuh attn_cluster_combine). The clusters are the first cluster_ctas CTAs (default n_sm; a multiple
+    of `cluster`); the CTAs after them are a side launch without clusters (runtime.Monokernel(side=True)), which
+    takes every kind of instruction but ATTN."""
     if cluster:
         if cluster not in (2, 4, 8, 16):
             raise ValueError(f"cluster {cluster}: 2, 4, 8 or 16 CTAs")
-        if n_sm % cluster:
-            raise ValueError(f"cluster {cluster}: n_sm {n_sm} is not a multiple of it")
+        cluster_ctas = n_sm if cluster_ctas is None else cluster_ctas
+        if cluster_ctas % cluster or not cluster <= cluster_ctas <= n_sm:
+            raise ValueError(f"cluster {cluster}: {cluster_ctas} cluster CTAs of {n_sm} is not a multiple of it")
         if (dims.group * dims.head_dim) % 32:
             raise ValueError("cluster attention needs q heads x head_dim per kv head a multiple of 32")
         n_splits = cluster
@@ -271,7 +280,7 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
     L = dims.n_layers
     sched = Schedule(dims=dims, n_sm=n_sm, n_splits=n_splits, rows=rows, counts=counts,
                      per_sm=[[] for _ in range(n_sm)], n_counters=isa.n_counters(L, dims.n_kv), fused_mlp=fused_mlp,
-                     cluster=cluster)
+                     cluster=cluster, cluster_ctas=cluster_ctas if cluster else 0)
     # the stage whose counter the residual's consumers (next QKV, LMHEAD) wait for, and its producers per step
     last, last_ctr = ("MLP", isa.CTR_GATEUP) if fused_mlp else ("DOWN", isa.CTR_DOWN)
     cursor = 0
@@ -317,7 +326,7 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
         oproj = matvec("OPROJ", layer, ci(layer, isa.CTR_ATTN_DONE), dims.n_kv * n_splits, ci(layer, isa.CTR_OPROJ))
         if cluster:   # head h of this layer on cluster (layer n_kv + h) mod n_clusters, split s on its rank s
             for ins in attn:
-                sched.per_sm[(layer * dims.n_kv + ins[2]) % (n_sm // cluster) * cluster + ins[3]].append(ins)
+                sched.per_sm[(layer * dims.n_kv + ins[2]) % (cluster_ctas // cluster) * cluster + ins[3]].append(ins)
             cursor += len(attn)
             # round-robin, the attention SMs included: OPROJ only on the other SMs was slower (bench/NOTES.md,
             # session 16, 65: the OPROJ CTAs that trail behind a merge give the MLP's early loads time to land)
@@ -408,10 +417,12 @@ def check(sched: Schedule) -> None:
     covered: dict[tuple[int, int], np.ndarray] = {}
     sizes = {"QKV": dm.q_dim + 2 * dm.kv_dim, "OPROJ": dm.d, "GATEUP": dm.ffn, "DOWN": dm.d, "LMHEAD": dm.vocab,
              "ATTN": dm.n_kv * sched.n_splits, "MLP": dm.ffn}
-    for lst in sched.per_sm:
+    for sm, lst in enumerate(sched.per_sm):
         last = -1
         for ins in lst:
             op, layer, a0, a1, wc, wn, sc, aux = ins
+            assert not (sched.cluster_ctas and op == isa.OPS["ATTN"] and sm >= sched.cluster_ctas), \
+                f"ATTN on side-launch CTA {sm}"
             r = order[(layer, op)]
             assert r >= last, f"SM list out of global order at {ins}"
             last = r

@@ -123,6 +123,7 @@ class MonokernelBackend(Backend):
         self.stats = {"launches": 0, "tokens": 0, "cancelled": 0}
         self.mk = self._kernel(model, cache, max_steps)
         self.stats["attn_cluster"] = self.mk.attn_cluster
+        self.stats["side_ctas"] = self.mk.n_side   # the side launch next to the clusters (kernels/runtime.py)
         self._logits = torch.empty(1, model.cfg.vocab_size, dtype=torch.float32, device=model.device)
         self._clock_sums: dict[str, list] = {}     # _LaunchClock totals over all launches
         # Completion prefill replays CUDA graphs (eager launch overhead was ~20 ms on the 1.5B model).
@@ -179,8 +180,18 @@ class MonokernelBackend(Backend):
             ok = True
         finally:
             self._after_run(slot, pos, ok)
+            self._side_stats()
         self.stats["launches"] += 1
         return self._logits[0].clone()
+
+    def _side_stats(self) -> None:
+        """The side launch's fallbacks so far (kernels/runtime.py: each one is also logged): launches that ran on the
+        clusters alone, and why the side launch stopped being started, if it did. The tensor-parallel kernels have
+        no side launch (no n_side)."""
+        if getattr(self.mk, "n_side", 0):
+            self.stats["side_alone"] = self.mk.side_alone
+            if self.mk.side_error:
+                self.stats["side_error"] = self.mk.side_error
 
     def decode_loop(self, slot: int, token: int, pos: int, max_new: int, sampling: SamplingParams,
                     stop_ids: frozenset[int], cancel: threading.Event | None,
@@ -230,3 +241,4 @@ class MonokernelBackend(Backend):
             finally:
                 self._after_run(slot, pos, ok)
                 clock.finished(self._clock_sums, self.stats)
+                self._side_stats()

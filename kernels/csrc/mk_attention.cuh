@@ -94,7 +94,7 @@ MK_DEV bool wait_pushes(const MkParams& p, unsigned long long* bar, unsigned par
                         ok = 0;
                         if (atomicExch(p.status + MK_STATUS_ABORT, 1) == 0) {
                             volatile int* hs = p.host_stat;
-                            hs[MK_HOST_WD_BLOCK] = blockIdx.x;
+                            hs[MK_HOST_WD_BLOCK] = blockIdx.x + p.cta0;
                             hs[MK_HOST_WD_CTR] = -2;
                             hs[MK_HOST_WD_TARGET] = (int)parity;
                             hs[MK_HOST_WD_VALUE] = 0;

@@ -92,7 +92,7 @@ MK_DEV bool wait_ctr(const MkParams& p, const unsigned* c, unsigned target, int 
                         ok = 0;
                         if (atomicExch(p.status + MK_STATUS_ABORT, 1) == 0) {
                             volatile int* hs = p.host_stat;
-                            hs[MK_HOST_WD_BLOCK] = blockIdx.x;
+                            hs[MK_HOST_WD_BLOCK] = blockIdx.x + p.cta0;
                             hs[MK_HOST_WD_CTR] = (int)(c - p.ctr);
                             hs[MK_HOST_WD_TARGET] = (int)target;
                             hs[MK_HOST_WD_VALUE] = (int)v;
@@ -112,6 +112,35 @@ MK_DEV bool wait_ctr(const MkParams& p, const unsigned* c, unsigned target, int 
     const bool ok = sflag[2] != 0;
     __syncthreads();
     return ok;
+}
+
+// The side launch's start (kernels/runtime.py Monokernel(side=True); p.n_resident > 0): every CTA of both launches
+// counts itself in, and thread 0 of each main CTA spins until all n_resident have (verdict SIDE_BOTH) or until
+// side_wait_ns have passed (SIDE_ALONE: the main launch runs its own lists, the side CTAs that come leave). The first
+// compare-and-swap decides for everyone, so both launches follow one verdict. A side CTA only waits for it: the main
+// launch decides within side_wait_ns of its first CTA. Nothing else is read or written before it. Returns the
+// verdict in every thread.
+MK_DEV int side_verdict(const MkParams& p, int* sflag) {
+    if (threadIdx.x == 0) {
+        unsigned* arrived = (unsigned*)(p.status + MK_STATUS_ARRIVED);
+        unsigned* verdict = (unsigned*)(p.status + MK_STATUS_VERDICT);
+        atomicAdd(arrived, 1u);
+        const unsigned long long t0 = mk_globaltimer();
+        unsigned v;
+        while ((v = mk_ld_acquire(verdict)) == 0) {
+            if (p.cta0 > 0) continue;
+            if (mk_ld_acquire(arrived) >= (unsigned)p.n_resident)
+                atomicCAS(verdict, 0u, (unsigned)MK_SIDE_BOTH);
+            else if (mk_globaltimer() - t0 > (unsigned long long)p.side_wait_ns)
+                atomicCAS(verdict, 0u, (unsigned)MK_SIDE_ALONE);
+        }
+        if (blockIdx.x == 0 && p.cta0 == 0) ((volatile int*)p.host_stat)[MK_HOST_ALONE] = v == MK_SIDE_ALONE;
+        sflag[3] = (int)v;
+    }
+    __syncthreads();
+    const int v = sflag[3];
+    __syncthreads();
+    return v;
 }
 
 // Every thread's writes precede the release (bar.sync orders them within the CTA; the release at gpu scope is

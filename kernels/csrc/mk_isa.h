@@ -39,6 +39,12 @@
 #define MK_HOST_REASON 2
 #define MK_STATUS_ABORT 2
 #define MK_STATUS_TP_CANCEL 3
+#define MK_STATUS_ARRIVED 4
+#define MK_STATUS_VERDICT 5
+#define MK_STATUS_WORDS 8
+#define MK_SIDE_BOTH 1
+#define MK_SIDE_ALONE 2
+#define MK_HOST_ALONE 8
 #define MK_MAX_TP 8
 #define MK_LANE_PRESENT 0
 #define MK_LANE_NO_REDUCE 1
@@ -86,6 +92,8 @@ struct MkParams {
     unsigned long long* acc;
     const int* instr;
     const int* sm_off;
+    const int* instr_alone;
+    const int* sm_off_alone;
     const int* forced;
     float* logits_out;
     int* out_tokens;
@@ -151,4 +159,7 @@ struct MkParams {
     int attn_cluster;
     int attn_min_splits;
     int signal_warp;
+    int cta0;
+    int n_resident;
+    int side_wait_ns;
 };

@@ -25,7 +25,8 @@
 #endif
 #define U MK_MV_UNROLL
 
-// Thread 0 stamps instruction ii of the traced step (Monokernel.enable_trace; word k: isa.TRACE_WORDS).
+// Thread 0 stamps instruction ii of the traced step (Monokernel.enable_trace; word k: isa.TRACE_WORDS). A side
+// launch's trace pointer starts at its first CTA's row (kernels/runtime.py).
 MK_DEV void trace(const MkParams& p, int step, int ii, int k) {
     if (p.trace && step == p.trace_step && threadIdx.x == 0)
         p.trace[((size_t)blockIdx.x * p.trace_stride + ii) * MK_TRACE_WORDS + k] = mk_globaltimer();
@@ -80,7 +81,16 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
     float* sm = (float*)mk_smem4;
     __shared__ float scr[2 * NW + 8];
     __shared__ int sflag[4];
-    const int n_my = p.sm_off[blockIdx.x + 1] - p.sm_off[blockIdx.x];
+    // This CTA's index in the schedule: a side launch's CTAs follow the main launch's (p.cta0).
+    const int g = blockIdx.x + p.cta0;
+    const int* sm_off = p.sm_off;
+    const int* instr = p.instr;
+    if (p.n_resident > 0 && side_verdict(p, sflag) != MK_SIDE_BOTH) {
+        if (p.cta0 > 0) return;   // the main launch runs alone, on its own lists
+        sm_off = p.sm_off_alone;
+        instr = p.instr_alone;
+    }
+    const int n_my = sm_off[g + 1] - sm_off[g];
     // The layer table and this CTA's instruction list live in shared memory (copied in once, below): every
     // instruction starts by reading both, right after a wait whose acquire polls left the L1 empty, and from global
     // memory that was two dependent L2 round trips before its first weight loads could be issued.
@@ -88,7 +98,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
     const int* my = (const int*)(sm + p.sm_tab) + p.n_layers * MK_LAYER_WORDS;
     {
         int* tab = (int*)(sm + p.sm_tab);
-        const int* gi = p.instr + (size_t)p.sm_off[blockIdx.x] * MK_INSTR_WORDS;
+        const int* gi = instr + (size_t)sm_off[g] * MK_INSTR_WORDS;
         for (int i = threadIdx.x; i < p.n_layers * MK_LAYER_WORDS; i += NT) tab[i] = ((const int*)p.layers)[i];
         for (int i = threadIdx.x; i < n_my * MK_INSTR_WORDS; i += NT) tab[p.n_layers * MK_LAYER_WORDS + i] = gi[i];
         __syncthreads();
@@ -106,7 +116,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
     mk_cluster_sync();
 #endif
 
-    if (blockIdx.x == 0) {   // prologue: the first token's embedding
+    if (g == 0) {   // prologue: the first token's embedding
         const mk_bf16* e = p.embed + (size_t)p.first_token * p.d;
         for (int i = threadIdx.x; i < p.d; i += NT) p.x[i] = mk_bf2f(e[i]);
         signal_ctr(p, tok_ctr);
@@ -213,7 +223,8 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
         }
     }
 #if MK_CLUSTER
-    mk_cluster_sync();   // no CTA leaves while a peer's pushes to it, or its own to a peer, may be in flight
+    // no CTA leaves while a peer's pushes to it, or its own to a peer, may be in flight
+    mk_cluster_sync();
 #endif
 }
 
@@ -248,7 +259,7 @@ int mk_launch(const MkParams* p, int grid, int smem, void* stream, int n_ctr) {
     cudaStream_t s = (cudaStream_t)stream;
     cudaError_t e = cudaMemsetAsync(p->ctr, 0, sizeof(unsigned) * (size_t)n_ctr, s);
     if (e != cudaSuccess) return (int)e;
-    e = cudaMemsetAsync(p->status, 0, sizeof(int) * 4, s);
+    e = cudaMemsetAsync(p->status, 0, sizeof(int) * MK_STATUS_WORDS, s);
     if (e != cudaSuccess) return (int)e;
     return mk_start(p, grid, smem, stream);
 }
@@ -297,6 +308,38 @@ int mk_start(const MkParams* p, int grid, int smem, void* stream) {
     e = cudaLaunchCooperativeKernel((const void*)mk_decode, dim3(grid), dim3(NT), args, (size_t)smem, s);
     if (e != cudaSuccess) return (int)e;
     return (int)cudaGetLastError();
+}
+
+// The main launch with a side launch (kernels/runtime.py Monokernel(side=True)): counters and status are zeroed on the
+// main stream; the side launch (plain, side_grid CTAs, its own stream) starts after the zeroing, and the main
+// stream's later work waits for it. A side launch that fails to start is reported; the main launch then runs alone
+// after side_wait_ns (mk_block.cuh side_verdict).
+int mk_launch_pair(const MkParams* p, const MkParams* side, int grid, int side_grid, int smem, void* stream,
+                   void* side_stream, int n_ctr) {
+    cudaStream_t s = (cudaStream_t)stream, s2 = (cudaStream_t)side_stream;
+    cudaError_t e = cudaMemsetAsync(p->ctr, 0, sizeof(unsigned) * (size_t)n_ctr, s);
+    if (e == cudaSuccess) e = cudaMemsetAsync(p->status, 0, sizeof(int) * MK_STATUS_WORDS, s);
+    if (e != cudaSuccess) return (int)e;
+    cudaEvent_t zeroed, ended;
+    e = cudaEventCreateWithFlags(&zeroed, cudaEventDisableTiming);
+    if (e != cudaSuccess) return (int)e;
+    e = cudaEventCreateWithFlags(&ended, cudaEventDisableTiming);
+    if (e != cudaSuccess) { cudaEventDestroy(zeroed); return (int)e; }
+    e = cudaEventRecord(zeroed, s);
+    if (e == cudaSuccess) e = (cudaError_t)mk_start(p, grid, smem, stream);
+    cudaError_t es = e == cudaSuccess ? cudaStreamWaitEvent(s2, zeroed, 0) : e;
+    if (es == cudaSuccess) {
+        MkParams local = *side;
+        void* args[] = {&local};
+        es = cudaLaunchKernel((const void*)mk_decode, dim3(side_grid), dim3(NT), args, (size_t)smem, s2);
+    }
+    if (es == cudaSuccess) es = cudaEventRecord(ended, s2);
+    if (es == cudaSuccess) es = cudaStreamWaitEvent(s, ended, 0);
+    cudaEventDestroy(zeroed);
+    cudaEventDestroy(ended);
+    if (e != cudaSuccess) return (int)e;
+    // the main launch runs (alone, if the side's failed): a side failure is reported as its own code
+    return es == cudaSuccess ? 0 : -(int)es;
 }
 
 // How many clusters of `cluster` CTAs with `smem` bytes of dynamic shared memory can be resident at once.

@@ -143,3 +143,20 @@ def test_monokernel_cluster_launch_choice_and_fallback(monkeypatch, caplog, name
     else:
         assert mk.attn_cluster == cluster and _FakeKernel.made == [cluster]
         assert "attn_cluster_fallback" not in be.stats and not caplog.records
+
+
+def test_monokernel_side_launch_fallbacks_reach_the_stats():
+    """The side launch next to the clusters (kernels/runtime.py) may run alone or stop being started; the backend's
+    stats say so after every launch (the kernel object logs each one)."""
+    from engine.backends.monokernel import MonokernelBackend
+    be = object.__new__(MonokernelBackend)
+    be.stats = {}
+    be.mk = types.SimpleNamespace(n_side=20, side_alone=0, side_error=None)
+    be._side_stats()
+    assert be.stats == {"side_alone": 0}
+    be.mk.side_alone, be.mk.side_error = 2, "CUDA error 1 (invalid argument)"
+    be._side_stats()
+    assert be.stats == {"side_alone": 2, "side_error": "CUDA error 1 (invalid argument)"}
+    be.stats, be.mk = {}, types.SimpleNamespace(n_side=0, side_alone=0, side_error=None)
+    be._side_stats()
+    assert be.stats == {}

@@ -264,8 +264,8 @@ def test_attention_clusters_match_the_default_launch(name, cs):
     from kernels.runtime import Monokernel
     s = setup_for(name)
     steps = 64
-    mk = Monokernel(s.m16, s.k16, s.v16, max_steps=steps + 8, attn_cluster=cs)
-    assert mk.n_sm % cs == 0 and mk.sched.n_splits == cs
+    mk = Monokernel(s.m16, s.k16, s.v16, max_steps=steps + 8, attn_cluster=cs, side=False)
+    assert mk.n_sm % cs == 0 and mk.n_side == 0 and mk.sched.n_splits == cs
     forced = s.ids[PROMPT:PROMPT + steps].tolist()
     ref = torch.stack([s.m32.forward(s.k32, s.v32, 0, s.ids[PROMPT + j:PROMPT + j + 1].cuda(), PROMPT + j)
                        for j in range(steps)])
@@ -284,6 +284,50 @@ def test_attention_clusters_match_the_default_launch(name, cs):
           f"vs the default launch {between:.2e}")
     assert err <= 1e-2 and between <= 2e-3
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_side_launch_matches_reference_and_runs_alone_when_late(name):
+    """Monokernel(attn_cluster=16, side=True): a plain launch on the SMs the clusters leave idle runs at the same time
+    on the same counters. Teacher-forced logits match the fp32 reference and the launch without it, repeat to the bit,
+    every side CTA is traced; with side_wait_ns = 0 the main launch decides before the side's CTAs arrive, runs
+    alone on its own schedule (the same bits as a cluster launch without a side) and says so."""
+    from kernels.runtime import Monokernel
+    s = setup_for(name)
+    steps = 48
+    mk = Monokernel(s.m16, s.k16, s.v16, max_steps=steps + 8, attn_cluster=16, side=True)
+    plain = Monokernel(s.m16, s.k16, s.v16, max_steps=steps + 8, attn_cluster=16, side=False)
+    assert mk.n_side == torch.cuda.get_device_properties(0).multi_processor_count - mk.n_main > 0
+    assert mk.n_main == plain.n_sm and mk.n_sm == mk.n_main + mk.n_side
+    forced = s.ids[PROMPT:PROMPT + steps].tolist()
+    ref = torch.stack([s.m32.forward(s.k32, s.v32, 0, s.ids[PROMPT + j:PROMPT + j + 1].cuda(), PROMPT + j)
+                       for j in range(steps)])
+
+    def run(kernel, trace=None):
+        s.restore()
+        kernel.enable_trace(trace)
+        out = torch.full((steps, s.cfg.vocab_size), float("nan"), device="cuda")
+        kernel.run(0, forced[0], PROMPT, steps, forced=forced, logits_out=out)
+        return out
+
+    both = [run(mk), run(mk, trace=5)]
+    assert not mk.ran_alone() and mk.side_alone == 0
+    recs = mk.trace_records()
+    side_sms = {r["sm"] for r in recs if r["sm"] >= mk.n_main}
+    assert side_sms == set(range(mk.n_main, mk.n_sm)), "a side CTA ran no instruction of the traced step"
+    assert all(r["t_wait"] <= r["t_ready"] <= r["t_done"] for r in recs)
+    mk.side_wait_ns = 0
+    alone = run(mk)
+    assert mk.ran_alone() and mk.side_alone == 1
+    base = run(plain)
+    err = max(rel(both[0][j], ref[j]) for j in range(steps))
+    err_alone = max(rel(alone[j], ref[j]) for j in range(steps))
+    between = max(rel(both[0][j], base[j]) for j in range(steps))
+    print(f"\n{name}: side launch of {mk.n_side} CTAs next to {mk.n_main}: teacher-forced rel L2 max {err:.2e}, vs "
+          f"the cluster launch alone {between:.2e}; run alone {err_alone:.2e}")
+    assert err <= 1e-2 and err_alone <= 1e-2 and between <= 2e-3
+    assert torch.equal(both[0], both[1]), "tracing or a rerun changed a bit"
+    assert torch.equal(alone, base), "the main launch alone must run the plain cluster schedule"
 
 
 @pytest.mark.parametrize("name", [SHAPES[0], SHAPES[2]])

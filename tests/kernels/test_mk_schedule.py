@@ -217,3 +217,24 @@ def test_smem_layout_staging_bounds():
     with pytest.raises(ValueError, match="no shared memory left"):
         schedule.smem_layout(s, 4096, s.smem_bytes() + 1024)
     assert not schedule.sampler_fits(1000, 1000 * isa.TOPK * 2 - 1) and schedule.sampler_fits(1000, 16000)
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "llama-3.2-1b", "qwen2.5-coder-1.5b"])
+def test_side_launch_schedule_and_its_alone_schedule_share_one_layout(name):
+    """A cluster launch of 112 CTAs with a side launch of 20 (runtime.Monokernel(side=True)): the attention stays on
+    the clusters, every side CTA takes a share of each matvec stage, and one shared-memory layout holds both the
+    132-CTA schedule and the main launch's own (more rows per instruction) that it runs alone on."""
+    dm = schedule.Dims.of(preset(name))
+    both = schedule.build(dm, 132, fused_mlp=True, cluster=16, cluster_ctas=112)
+    alone = schedule.build(dm, 112, fused_mlp=True, cluster=16)
+    schedule.check(both)
+    schedule.check(alone)
+    assert both.cluster_ctas == 112 and alone.cluster_ctas == 112
+    side_ops = [{ins[0] for ins in lst} for lst in both.per_sm[112:]]
+    assert all(isa.OPS["ATTN"] not in ops and {isa.OPS["QKV"], isa.OPS["MLP"]} <= ops for ops in side_ops)
+    assert all(both.rows[op] <= alone.rows[op] for op in both.rows) and both.rows["MLP"] < alone.rows["MLP"]
+    lay = schedule.smem_layout(both, 4096, OPTIN, alone=alone)
+    for s in (both, alone):
+        own = schedule.smem_layout(s, 4096, OPTIN)
+        assert lay.sm_kv >= own.sm_kv and lay.smem - 4 * lay.sm_tab >= own.smem - 4 * own.sm_tab
+    assert lay.smem - 4 * lay.sm_tab == 4 * max(schedule.tables_floats(both), schedule.tables_floats(alone))

@@ -63,12 +63,14 @@ CLUSTER_SHAPES = [k for k in SHAPES if k != "llama-mha-untied"]   # q heads x he
 
 
 @pytest.mark.parametrize("shape", CLUSTER_SHAPES)
-@pytest.mark.parametrize("n_sm,cs", [(16, 8), (24, 8), (32, 16)])
+# (n_sm, cs, cluster_ctas): with cluster_ctas < n_sm the CTAs after the clusters are a side launch (no ATTN)
+@pytest.mark.parametrize("n_sm,cs,cl_ctas", [(16, 8, None), (24, 8, None), (32, 16, None), (20, 8, 16),
+                                             (37, 16, 32)])
 @pytest.mark.parametrize("fused", [False, True], ids=["gateup-down", "fused-mlp"])
-def test_cluster_schedule_logits_equal_reference(shape, n_sm, cs, fused):
+def test_cluster_schedule_logits_equal_reference(shape, n_sm, cs, cl_ctas, fused):
     """schedule.build(cluster=cs): each kv head's cs splits sit on ranks 0 .. cs - 1 of one cluster (rotating with the
     layer, two heads on one cluster when there are fewer clusters than heads) and the results still equal the
-    reference."""
+    reference. With a side launch (cluster_ctas) its CTAs take a share of every other stage."""
     cfg = tiny_cfg(**SHAPES[shape])
     model = tiny_model(cfg, seed=hash(shape) % 1000)
     ids = torch.randint(0, cfg.vocab_size, (14,), generator=torch.Generator().manual_seed(n_sm)).tolist()
@@ -77,16 +79,20 @@ def test_cluster_schedule_logits_equal_reference(shape, n_sm, cs, fused):
     k_tw, v_tw = k_ref.clone(), v_ref.clone()
     ref = torch.stack([model.forward(k_ref, v_ref, 1, torch.tensor([t]), len(prompt) + j)
                        for j, t in enumerate(forced)])
-    sched = schedule.build(schedule.Dims.of(cfg), n_sm=n_sm, fused_mlp=fused, cluster=cs)
+    sched = schedule.build(schedule.Dims.of(cfg), n_sm=n_sm, fused_mlp=fused, cluster=cs, cluster_ctas=cl_ctas)
     schedule.check(sched)
-    assert sched.n_splits == cs and sched.cluster == cs
+    assert sched.n_splits == cs and sched.cluster == cs and sched.cluster_ctas == (cl_ctas or n_sm)
     where = {}
     for sm, lst in enumerate(sched.per_sm):
         for ins in lst:
             if ins[0] == isa.OPS["ATTN"]:
                 assert sm % cs == ins[3], "split s must run on rank s"
+                assert sm < sched.cluster_ctas, "ATTN on a side-launch CTA"
                 where.setdefault((ins[1], ins[2]), set()).add(sm // cs)
     assert all(len(c) == 1 for c in where.values()), "a head's splits span clusters"
+    if cl_ctas:   # every side CTA has work in every layer's matvec stages
+        side_ops = {ins[0] for lst in sched.per_sm[cl_ctas:] for ins in lst}
+        assert {isa.OPS["QKV"], isa.OPS["LMHEAD"]} <= side_ops
     res = Twin(model, sched, rope_inv_freq(cfg)).run(k_tw, v_tw, 1, forced[0], len(prompt), len(forced),
                                                       forced=forced, order_seed=n_sm, attn_min_pos=2)
     for s in range(len(forced)):
@@ -99,6 +105,10 @@ def test_cluster_schedule_refuses_what_the_kernel_cannot_run():
         schedule.build(schedule.Dims.of(tiny_cfg()), n_sm=12, cluster=8)
     with pytest.raises(ValueError, match="2, 4, 8 or 16"):
         schedule.build(schedule.Dims.of(tiny_cfg()), n_sm=12, cluster=3)
+    with pytest.raises(ValueError, match="not a multiple"):   # the clustered CTAs of a side launch's schedule
+        schedule.build(schedule.Dims.of(tiny_cfg()), n_sm=20, cluster=8, cluster_ctas=12)
+    with pytest.raises(ValueError, match="not a multiple"):
+        schedule.build(schedule.Dims.of(tiny_cfg()), n_sm=20, cluster=8, cluster_ctas=24)
     with pytest.raises(ValueError, match="multiple of 32"):   # a warp's lanes must cover whole output elements
         schedule.build(schedule.Dims.of(tiny_cfg(**SHAPES["llama-mha-untied"])), n_sm=16, cluster=8)
 
