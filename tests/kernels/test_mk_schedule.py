@@ -203,7 +203,7 @@ def test_vocab_parallel_sampler_candidates_fit_up_to_8_ranks(name, ranks):
         assert lay.sampler_floats == lay.sm_tab - max(dm.d, dm.q_dim, dm.ffn)
         assert lay.sm_tab % 4 == 0 and lay.sm_tab >= lay.sm_kv + lay.stage_floats
         assert lay.smem == 4 * (lay.sm_tab + schedule.tables_floats(s))
-        assert schedule.tables_floats(s) == dm.n_layers * 16 + max(len(x) for x in s.per_sm) * isa.INSTR_WORDS
+        assert schedule.tables_floats(s) == dm.n_layers * isa.LAYER_WORDS + max(len(x) for x in s.per_sm) * isa.INSTR_WORDS
 
 
 def test_smem_layout_staging_bounds():
