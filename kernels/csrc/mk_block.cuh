@@ -117,21 +117,24 @@ MK_DEV bool wait_ctr(const MkParams& p, const unsigned* c, unsigned target, int 
 // The side launch's start (kernels/runtime.py Monokernel(side=True); p.n_resident > 0): every CTA of both launches
 // counts itself in, and thread 0 of each main CTA spins until all n_resident have (verdict SIDE_BOTH) or until
 // side_wait_ns have passed (SIDE_ALONE: the main launch runs its own lists, the side CTAs that come leave). The first
-// compare-and-swap decides for everyone, so both launches follow one verdict. A side CTA only waits for it: the main
-// launch decides within side_wait_ns of its first CTA. Nothing else is read or written before it. Returns the
-// verdict in every thread.
+// compare-and-swap decides for everyone, so both launches follow one verdict. A side CTA waits for it: the main
+// launch decides within side_wait_ns of its first CTA. But the side launch may be dispatched first, and its CTAs, one
+// per SM, may leave no GPC room for a cluster of the main launch, which then never starts: so a side CTA that has
+// waited kSideTimeout x side_wait_ns decides SIDE_ALONE itself and leaves (the main launch then runs alone once its
+// clusters fit). Nothing else is read or written before the verdict. Returns it in every thread.
+constexpr unsigned long long kSideTimeout = 5;
 MK_DEV int side_verdict(const MkParams& p, int* sflag) {
     if (threadIdx.x == 0) {
         unsigned* arrived = (unsigned*)(p.status + MK_STATUS_ARRIVED);
         unsigned* verdict = (unsigned*)(p.status + MK_STATUS_VERDICT);
         atomicAdd(arrived, 1u);
         const unsigned long long t0 = mk_globaltimer();
+        const unsigned long long wait_ns = (unsigned long long)p.side_wait_ns * (p.cta0 > 0 ? kSideTimeout : 1ull);
         unsigned v;
         while ((v = mk_ld_acquire(verdict)) == 0) {
-            if (p.cta0 > 0) continue;
-            if (mk_ld_acquire(arrived) >= (unsigned)p.n_resident)
+            if (p.cta0 == 0 && mk_ld_acquire(arrived) >= (unsigned)p.n_resident)
                 atomicCAS(verdict, 0u, (unsigned)MK_SIDE_BOTH);
-            else if (mk_globaltimer() - t0 > (unsigned long long)p.side_wait_ns)
+            else if (mk_globaltimer() - t0 > wait_ns)
                 atomicCAS(verdict, 0u, (unsigned)MK_SIDE_ALONE);
         }
         if (blockIdx.x == 0 && p.cta0 == 0) ((volatile int*)p.host_stat)[MK_HOST_ALONE] = v == MK_SIDE_ALONE;
