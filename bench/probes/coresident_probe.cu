@@ -12,6 +12,9 @@
 //      payload): us per stage over A + B, against A alone;
 //   3. stream: every CTA reads its share of a 2 GB buffer (16-byte loads, 8 per thread in flight): the aggregate
 //      rate of A + B against A alone.
+// Row "B, then A" (session 23): the plain launch goes first. Its CTAs (one per SM) may leave no GPC with CL free SMs,
+// so that no cluster of A can start until they leave: then the handshake times out ("no") instead of finishing. It
+// says whether the kernel's side launch needs the side's own timeout (mk_block.cuh side_verdict) in practice.
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I kernels/csrc bench/probes/coresident_probe.cu \
 //        -o /tmp/coresident_probe && /tmp/coresident_probe
@@ -20,6 +23,7 @@
 
 #include <cstdio>
 #include <string>
+#include <unistd.h>
 
 #define NT 512
 #define NS 2000
@@ -126,7 +130,7 @@ int main() {
            nsm, CL, clusters, n_a, n_b, SMEM_KB);
     printf("%-10s %10s %14s %12s %12s\n", "launches", "resident", "handshake us", "us / stage", "stream TB/s");
     std::string json = "{\"probe\": \"coresident\", \"clusters\": " + std::to_string(clusters) + ", \"rows\": [";
-    for (int both = 0; both < 2; ++both) {
+    for (int both = 0; both < 3; ++both) {   // 0: A alone, 1: A then B, 2: B then A
         for (int rep = 0; rep < 3; ++rep) {
             cudaMemset(sh, 0, sizeof(Shared));
             cudaDeviceSynchronize();   // the launches' streams do not wait for the legacy stream
@@ -134,8 +138,14 @@ int main() {
             int role = 0, na = n_a;
             cfg.gridDim = dim3(n_a);
             cfg.stream = sa;
-            cudaError_t e = cudaLaunchKernelEx(&cfg, work, sh, role, na, total, (const uint4*)W);
-            if (both && e == cudaSuccess) {
+            cudaError_t e = cudaSuccess;
+            if (both == 2) {
+                work<<<n_b, NT, smem, sb>>>(sh, 1, na, total, W);
+                e = cudaGetLastError();
+                usleep(1000);   // the plain CTAs are resident before A is launched
+            }
+            if (e == cudaSuccess) e = cudaLaunchKernelEx(&cfg, work, sh, role, na, total, (const uint4*)W);
+            if (both == 1 && e == cudaSuccess) {
                 role = 1;
                 work<<<n_b, NT, smem, sb>>>(sh, role, na, total, W);
                 e = cudaGetLastError();
@@ -148,7 +158,8 @@ int main() {
             const unsigned long long end = h.stream_end[0] > h.stream_end[1] ? h.stream_end[0] : h.stream_end[1];
             const double hs = res ? (h.t_last - h.t_first) / 1e3 : -1, st = res ? h.chain_ns / 1e3 / (NS - 1) : -1;
             const double bw = res ? (double)(STREAM_BYTES / total * total) / (end - h.stream_ns) / 1e3 : -1;
-            printf("%-10s %10s %14.1f %12.3f %12.2f %s\n", both ? "A + B" : "A alone", res ? "yes" : "no", hs, st, bw,
+            printf("%-10s %10s %14.1f %12.3f %12.2f %s\n", both == 2 ? "B, then A" : both ? "A + B" : "A alone",
+                   res ? "yes" : "no", hs, st, bw,
                    e == cudaSuccess ? "" : cudaGetErrorString(e));
             char b[200];
             snprintf(b, sizeof b, "%s{\"both\": %d, \"resident\": %s, \"handshake_us\": %.1f, \"stage_us\": %.4f, "
