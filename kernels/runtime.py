@@ -280,7 +280,7 @@ class Monokernel:
                  f"attention combined in clusters of {self.attn_cluster}" if self.attn_cluster else "no clusters")
         if self.n_side:
             log.info("monokernel: side launch of %d CTAs on the SMs the clusters leave idle (%d instructions/step "
-                     "with it, %d alone)", self.n_side, len(ins), int(self.sched_alone.flat()[1].shape[0]))
+                     "with it, %d alone)", self.n_side, len(ins), int(self.instr_alone.shape[0]))
         # A wait longer than this (~1 s at H200 clocks) aborts the launch and reports the stuck counter.
         self.watchdog_cycles = 2_000_000_000
         # L2 prefetch of each instruction's first weight bytes before its wait (0 = off); see bench/NOTES.md.
