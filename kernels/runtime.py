@@ -136,7 +136,7 @@ class Monokernel:
                        n_splits, kv_stage_cap, side)
 
     def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp,
-              attn_cluster, n_splits, kv_stage_cap=None, side=False) -> None:
+              attn_cluster, n_splits, kv_stage_cap=None, side=None) -> None:
         self.lib = lib = load_library(tp_build, attn_cluster > 0, head_dim=model.cfg.head_dim)
         self.model, self.cfg = model, model.cfg
         dev = model.device
@@ -471,7 +471,7 @@ class Monokernel:
                 time.sleep(1e-3)
         self.stream.synchronize()   # the main stream waits for the side launch too (mk_launch_pair)
         self.running = False
-        if self.n_side and self.side_error is None and self.host_stat.arr[isa.HOST_ALONE]:
+        if self.side_active and self.ran_alone():
             self.side_alone += 1
             log.warning("monokernel: the side launch's %d CTAs were not resident within %d us of the main launch "
                         "(another kernel on the GPU?): this launch ran on the main launch's %d CTAs alone "

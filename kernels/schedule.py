@@ -246,7 +246,8 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
             raise ValueError(f"cluster {cluster}: 2, 4, 8 or 16 CTAs")
         cluster_ctas = n_sm if cluster_ctas is None else cluster_ctas
         if cluster_ctas % cluster or not cluster <= cluster_ctas <= n_sm:
-            raise ValueError(f"cluster {cluster}: {cluster_ctas} cluster CTAs of {n_sm} is not a multiple of it")
+            raise ValueError(f"cluster {cluster}: {cluster_ctas} cluster CTAs of {n_sm} is not a multiple of it "
+                             "between it and n_sm")
         if (dims.group * dims.head_dim) % 32:
             raise ValueError("cluster attention needs q heads x head_dim per kv head a multiple of 32")
         n_splits = cluster

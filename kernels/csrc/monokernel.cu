@@ -255,11 +255,15 @@ int mk_set_device(int dev) { return (int)cudaSetDevice(dev); }
 // any rank starts (kernels/tp_runtime.py).
 int mk_start(const MkParams* p, int grid, int smem, void* stream);
 
-int mk_launch(const MkParams* p, int grid, int smem, void* stream, int n_ctr) {
-    cudaStream_t s = (cudaStream_t)stream;
+// A launch's counters and status words at zero, on its stream.
+static cudaError_t zero_state(const MkParams* p, cudaStream_t s, int n_ctr) {
     cudaError_t e = cudaMemsetAsync(p->ctr, 0, sizeof(unsigned) * (size_t)n_ctr, s);
-    if (e != cudaSuccess) return (int)e;
-    e = cudaMemsetAsync(p->status, 0, sizeof(int) * MK_STATUS_WORDS, s);
+    if (e == cudaSuccess) e = cudaMemsetAsync(p->status, 0, sizeof(int) * MK_STATUS_WORDS, s);
+    return e;
+}
+
+int mk_launch(const MkParams* p, int grid, int smem, void* stream, int n_ctr) {
+    const cudaError_t e = zero_state(p, (cudaStream_t)stream, n_ctr);
     if (e != cudaSuccess) return (int)e;
     return mk_start(p, grid, smem, stream);
 }
@@ -317,8 +321,7 @@ int mk_start(const MkParams* p, int grid, int smem, void* stream) {
 int mk_launch_pair(const MkParams* p, const MkParams* side, int grid, int side_grid, int smem, void* stream,
                    void* side_stream, int n_ctr) {
     cudaStream_t s = (cudaStream_t)stream, s2 = (cudaStream_t)side_stream;
-    cudaError_t e = cudaMemsetAsync(p->ctr, 0, sizeof(unsigned) * (size_t)n_ctr, s);
-    if (e == cudaSuccess) e = cudaMemsetAsync(p->status, 0, sizeof(int) * MK_STATUS_WORDS, s);
+    cudaError_t e = zero_state(p, s, n_ctr);
     if (e != cudaSuccess) return (int)e;
     cudaEvent_t zeroed, ended;
     e = cudaEventCreateWithFlags(&zeroed, cudaEventDisableTiming);
