@@ -13,11 +13,31 @@ MK_DEV int attn_splits(const MkParams& p, int n) {
     return max(1, s);
 }
 
-// Positions [p0, p1) of a split at context length n = pos + 1 (p0 == p1: an idle split).
-MK_DEV void attn_span(const MkParams& p, int split, int n, int& p0, int& p1) {
-    const int S_eff = attn_splits(p, n);
-    p0 = split < S_eff ? (int)((long long)split * n / S_eff) : 0;
-    p1 = split < S_eff ? (int)((long long)(split + 1) * n / S_eff) : 0;
+// The splits' bounds at one step (context length n = pos + 1): s_eff = attn_splits(n) splits have positions, split
+// s < s_eff takes positions [p0[s], p0[s + 1]) and (the plain launch's merge) outputs [e0[s], e0[s + 1]) of the
+// head's g x HD; p0[s_eff] = n, e0[s_eff] = g x HD. Filled once per step at its start (attn_step_fill; the step's
+// first wait syncs it), read by every ATTN instruction of the step: computing them per instruction after its wait
+// took ~0.45 us of each layer's chain (integer divisions, ncu source counters: bench/NOTES.md, session 24).
+struct AttnStep {
+    int s_eff;
+    int p0[MK_MAX_SPLITS + 1];
+    int e0[MK_MAX_SPLITS + 1];
+};
+
+MK_DEV void attn_step_fill(const MkParams& p, int n, AttnStep& a) {
+    const int S = attn_splits(p, n), E = p.group * MK_HEAD_DIM;
+    for (int s = threadIdx.x; s <= S; s += NT) {
+        a.p0[s] = (int)((long long)s * n / S);
+        a.e0[s] = (int)((long long)s * E / S);
+    }
+    if (threadIdx.x == 0) a.s_eff = S;
+}
+
+// Positions [p0, p1) of a split at this step (p0 == p1: an idle split).
+MK_DEV void attn_span(const AttnStep& a, int split, int& p0, int& p1) {
+    const bool busy = split < a.s_eff;
+    p0 = busy ? a.p0[split] : 0;
+    p1 = busy ? a.p0[split + 1] : 0;
 }
 
 // Copy `rows` K and V cache rows (from gk / gv) into the staging buffers (cp.async; the caller waits + syncs).
@@ -36,9 +56,9 @@ MK_DEV void attn_stage(const mk_bf16* gk, const mk_bf16* gv, mk_bf16* sk, mk_bf1
 // before this step, at most kv_stage_pos of them) into shared memory. They do not depend on this step's data,
 // so, like a matvec's early weight loads, their latency hides behind the wait instead of lengthening the chain.
 template <int HD>
-MK_DEV void attn_prefetch(const MkParams& p, const int* ins, int pos, float* sm) {
+MK_DEV void attn_prefetch(const MkParams& p, const int* ins, int pos, float* sm, const AttnStep& as) {
     int p0, p1;
-    attn_span(p, ins[MK_F_A1], pos + 1, p0, p1);
+    attn_span(as, ins[MK_F_A1], p0, p1);
     const int rows = min(min(p1, pos) - p0, p.kv_stage_pos);
     if (rows <= 0) return;
     const size_t row0 = ((size_t)ins[MK_F_LAYER] * p.n_kv + ins[MK_F_A0]) * (size_t)p.max_len + p0;
@@ -128,7 +148,10 @@ MK_DEV bool wait_pushes(const MkParams& p, unsigned long long* bar, unsigned par
 template <int HD>
 MK_DEV int attn_cluster_combine(const MkParams& p, const int* ins, int ii, int step, int head, int rank, int S_eff,
                                  float* sm, ClusterRecv& cr, int* sflag) {
-    const int g = p.group, NR = p.attn_cluster, E = g * HD, EL = E / NR, e0 = rank * EL;
+    // NR is a power of two (schedule.build): its divisions are shifts; the others divmod_small (not integer
+    // divisions: this runs between the position loop and the pushes, on the layer's chain).
+    const int lnr = __ffs(p.attn_cluster) - 1;
+    const int g = p.group, NR = 1 << lnr, E = g * HD, EL = E >> lnr, e0 = rank * EL;
     float* rml = cr.recv + MK_RECV_O_FLOATS;
     if (rank < S_eff) {   // CTA-uniform; the caller synced after the position loop
         const float* part = sm + p.sm_red;
@@ -138,12 +161,13 @@ MK_DEV int attn_cluster_combine(const MkParams& p, const int* ins, int ii, int s
             const float* src;
             if (t < E / 2) {   // o values 2t, 2t + 1: one owner, one q head (EL and HD even)
                 const int e = 2 * t, j = e / HD;
-                r = e / EL;
-                dst = cr.recv + rank * EL + (e - r * EL);
+                int er;
+                r = divmod_small(e, EL, er);
+                dst = cr.recv + rank * EL + er;
                 src = part + j * (HD + 2) + 2 + (e - j * HD);
             } else {           // (max, denominator) of q head j to owner r
-                const int k = t - E / 2, j = k % g;
-                r = k / g;
+                int j;
+                r = divmod_small(t - E / 2, g, j);
                 dst = rml + rank * 2 * MK_MAX_GROUP + 2 * j;
                 src = part + j * (HD + 2);
             }
@@ -155,7 +179,7 @@ MK_DEV int attn_cluster_combine(const MkParams& p, const int* ins, int ii, int s
     ++cr.phase;
     trace(p, step, ii, 3);
     for (int t = threadIdx.x; t < E; t += NT) {   // EL elements x NR splits; warp-uniform (E % 32 == 0)
-        const int s = t & (NR - 1), el = t / NR, e = e0 + el, j = e / HD;
+        const int s = t & (NR - 1), el = t >> lnr, e = e0 + el, j = e / HD;
         float m = -INFINITY, l = 0.f, o = 0.f;
         if (s < S_eff) {
             m = rml[s * 2 * MK_MAX_GROUP + 2 * j];
@@ -177,10 +201,10 @@ MK_DEV int attn_cluster_combine(const MkParams& p, const int* ins, int ii, int s
 // in order, MB of them with their loads in flight at once, so at the usual split counts the merge costs one L2 round
 // trip; then a butterfly over the W lanes combines them.
 template <int HD>
-MK_DEV void attn_merge_slice(const MkParams& p, int head, int split, int S_eff) {
+MK_DEV void attn_merge_slice(const MkParams& p, int head, int split, const AttnStep& as) {
     constexpr int MB = 2;
-    const int g = p.group, E = g * HD, per = g * (HD + 2);
-    const int e0 = (int)((long long)split * E / S_eff), e1 = (int)((long long)(split + 1) * E / S_eff);
+    const int S_eff = as.s_eff, g = p.group, E = g * HD, per = g * (HD + 2);
+    const int e0 = as.e0[split], e1 = as.e0[split + 1];
     int W = 1;
     while (W < S_eff && W < 32 && 2 * W * (e1 - e0) <= NT) W <<= 1;
     const int lw = 31 - __clz(W);   // log2 W
@@ -259,16 +283,17 @@ MK_DEV void attn_q_and_append(const MkParams& p, int head, int pos, int p0, int 
 // receive region (attn_cluster_combine).
 template <int HD>
 #if MK_CLUSTER
-MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos, float* sm, int* sflag, ClusterRecv& cr) {
+MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos, float* sm, int* sflag,
+                   const AttnStep& as, ClusterRecv& cr) {
 #else
-MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos, float* sm, int* sflag) {
+MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos, float* sm, int* sflag,
+                   const AttnStep& as) {
 #endif
     const int layer = ins[MK_F_LAYER], head = ins[MK_F_A0], split = ins[MK_F_A1];
     const int g = p.group, S = p.n_splits;
-    const int n = pos + 1;
-    const int S_eff = attn_splits(p, n);
+    const int S_eff = as.s_eff;
     int p0, p1;
-    attn_span(p, split, n, p0, p1);
+    attn_span(as, split, p0, p1);
     const int cap = p.kv_stage_pos;               // staged positions per chunk (>= 1)
     mk_bf16* stk = (mk_bf16*)(sm + p.sm_kv);                 // [cap][HD + MK_KPAD] bf16
     mk_bf16* stv = stk + (size_t)cap * (HD + MK_KPAD);       // [cap][HD] bf16
@@ -315,7 +340,7 @@ MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos,
     trace(p, step, ii, 3);   // partial published; the merge of this split's slice follows
     if (split < S_eff) {
         if (!wait_ctr(p, p.ctr + ins[MK_F_SIG_CTR], (unsigned)((step + 1) * S), step, sflag)) return -1;
-        attn_merge_slice<HD>(p, head, split, S_eff);
+        attn_merge_slice<HD>(p, head, split, as);
     }
     signal_ctr(p, p.ctr + ins[MK_F_AUX]);
     return 0;

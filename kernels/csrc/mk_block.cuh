@@ -15,6 +15,18 @@ MK_DEV void acc_add4(float4& a, const unsigned long long* acc) {
 }
 
 // ---------------------------------------------------------------- block helpers
+// q = x / d, r = x % d for 0 <= x < 2^21 and 1 <= d < 2^21, exact: a float estimate from an approximate reciprocal
+// (off by at most one there) corrected once. A divisor known only at run time otherwise costs an integer division
+// (~20 dependent instructions); in the hot paths right after a wait those were ~0.3 us per instruction (ncu source
+// counters, bench/NOTES.md session 24).
+MK_DEV int divmod_small(int x, int d, int& r) {
+    int q = __float2int_rz(__int2float_rn(x) * mk_rcp_approx(__int2float_rn(d)));
+    r = x - q * d;
+    if (r < 0) { --q; r += d; }
+    else if (r >= d) { ++q; r -= d; }
+    return q;
+}
+
 MK_DEV float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o; o >>= 1) v += mk_shfl_xor(v, o);

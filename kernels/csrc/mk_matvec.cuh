@@ -37,7 +37,8 @@ MK_DEV void mv_load(const RowMap& m, int R, int K, int bi, uint4 (&w)[2][U], MvB
     const int ipr = (nch + 32 * U - 1) / (32 * U);
     const int nb = ((R + 1) >> 1) * ipr;
     const int lane = threadIdx.x & 31;
-    const int rp = bi / ipr, g = bi - rp * ipr;
+    int g;
+    const int rp = divmod_small(bi, ipr, g);   // not an integer division: the next batch's loads wait for it
     const int nrows = bi < nb ? min(2, R - 2 * rp) : 0;
     b.c0 = nrows > 0 ? g * 32 * U + lane : nch;
     b.red0 = 2 * rp * ipr + g;

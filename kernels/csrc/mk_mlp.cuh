@@ -25,9 +25,11 @@ MK_DEV void mlp_down(const MkParams& p, const mk_bf16* wdt, int a0, int a1, floa
     // Thread u takes 16-byte chunk u % nch (8 of the d rows) of the slice's rows u / nch, + G, + 2G, ...; the G
     // row groups' partial sums go to red[g * d ..] and are added in group order (fixed: reproducible).
     const int d = p.d, nch = d >> 3;
-    const int G = nch < NT ? NT / nch : 1;
+    int G_rem;
+    const int G = nch < NT ? divmod_small(NT, nch, G_rem) : 1;   // divmod_small: these run on the layer's chain
     for (int u = threadIdx.x; u < G * nch; u += NT) {
-        const int c = u % nch, g = u / nch;
+        int c;
+        const int g = divmod_small(u, nch, c);
         const mk_bf16* col = wdt + (size_t)a0 * d + (size_t)c * 8;
         float y[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
         for (int r0 = g; r0 < a1; r0 += MLP_DOWN_DEPTH * G) {

@@ -83,6 +83,12 @@ MK_DEV void mk_unpack8(const uint4 w, float* f) {
         f[2 * i + 1] = __uint_as_float(u[i] & 0xffff0000u);
     }
 }
+// 1 / x to about 1 ulp (one MUFU.RCP, no IEEE refinement): divmod_small's estimate.
+MK_DEV float mk_rcp_approx(float x) {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
 MK_DEV unsigned long long mk_globaltimer() {
     unsigned long long t;
     asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));

@@ -81,6 +81,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
     float* sm = (float*)mk_smem4;
     __shared__ float scr[2 * NW + 8];
     __shared__ int sflag[4];
+    __shared__ AttnStep attn_st;   // this step's attention split bounds (mk_attention.cuh)
     // This CTA's index in the schedule: a side launch's CTAs follow the main launch's (p.cta0).
     const int g = blockIdx.x + p.cta0;
     const int* sm_off = p.sm_off;
@@ -122,6 +123,8 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
         signal_ctr(p, tok_ctr);
     }
     for (int step = 0; step < p.n_steps; ++step) {
+        attn_step_fill(p, p.pos0 + step + 1, attn_st);   // published by the barriers below (step 0: its own)
+        if (step == 0) __syncthreads();
         if (step > 0) {
             if (!wait_ctr(p, tok_ctr, (unsigned)(step + 1), step, sflag)) return;
             if (threadIdx.x == 0) sflag[1] = mk_ld_cg_i(p.status + MK_STATUS_STOP);
@@ -156,16 +159,16 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             if (pre) mv_load(m, R, K, threadIdx.x >> 5, w, cb);   // in flight while we wait
             if (p.prefetch_bytes > 0) prefetch_instr(p, layers, ins);
             if (op == MK_OP_ATTN) {   // cached K/V rows in flight while we wait, like a matvec's weights
-                attn_prefetch<MK_HEAD_DIM>(p, ins, pos, sm);
+                attn_prefetch<MK_HEAD_DIM>(p, ins, pos, sm, attn_st);
             }
             trace(p, step, ii, 0);
             if (!xr_wait(p, ins, step, sflag)) return;
             trace(p, step, ii, 1);
             if (op == MK_OP_ATTN) {
 #if MK_CLUSTER
-                const int r = op_attn<MK_HEAD_DIM>(p, ins, ii, step, pos, sm, sflag, cr);
+                const int r = op_attn<MK_HEAD_DIM>(p, ins, ii, step, pos, sm, sflag, attn_st, cr);
 #else
-                const int r = op_attn<MK_HEAD_DIM>(p, ins, ii, step, pos, sm, sflag);
+                const int r = op_attn<MK_HEAD_DIM>(p, ins, ii, step, pos, sm, sflag, attn_st);
 #endif
                 if (r < 0) return;   // aborted (watchdog) while waiting for the head's partials
                 trace(p, step, ii, 2);
