@@ -94,18 +94,15 @@ def division_sites(sass: list[Sass], before: int = 4, after: int = 22) -> list[d
 def summary(lines: dict[tuple[str, int], Line], sass: list[Sass], top: int = 40) -> dict:
     total = sum(ln.samples for ln in lines.values()) or 1
     ranked = sorted(lines.values(), key=lambda ln: -ln.samples)[:top]
-    by_file: dict[str, Counter] = {}
+    by_file: Counter = Counter()
     for ln in lines.values():
-        c = by_file.setdefault(ln.file, Counter())
-        c["_samples"] += ln.samples
-        c.update(ln.stalls)
+        by_file[ln.file] += ln.samples
     return dict(
         total_samples=total,
         lines=[dict(where=f"{ln.file}:{ln.line}", pct=round(100 * ln.samples / total, 2), executed=ln.executed,
                     stalls={k: v for k, v in ln.stalls.most_common(3) if v}, source=ln.source.strip()[:80])
                for ln in ranked],
-        files={f: round(100 * c["_samples"] / total, 2) for f, c in
-               sorted(by_file.items(), key=lambda kv: -kv[1]["_samples"]) if c["_samples"]},
+        files={f: round(100 * v / total, 2) for f, v in by_file.most_common() if v},
         divisions=[dict(d, pct=round(100 * d["samples"] / total, 2)) for d in division_sites(sass)[:top]
                    if d["samples"]])
 

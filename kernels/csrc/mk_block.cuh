@@ -26,6 +26,10 @@ MK_DEV int divmod_small(int x, int d, int& r) {
     else if (r >= d) { ++q; r -= d; }
     return q;
 }
+MK_DEV int div_small(int x, int d) {
+    int r;
+    return divmod_small(x, d, r);
+}
 
 MK_DEV float warp_sum(float v) {
 #pragma unroll

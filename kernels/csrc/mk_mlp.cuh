@@ -25,8 +25,7 @@ MK_DEV void mlp_down(const MkParams& p, const mk_bf16* wdt, int a0, int a1, floa
     // Thread u takes 16-byte chunk u % nch (8 of the d rows) of the slice's rows u / nch, + G, + 2G, ...; the G
     // row groups' partial sums go to red[g * d ..] and are added in group order (fixed: reproducible).
     const int d = p.d, nch = d >> 3;
-    int G_rem;
-    const int G = nch < NT ? divmod_small(NT, nch, G_rem) : 1;   // divmod_small: these run on the layer's chain
+    const int G = nch < NT ? div_small(NT, nch) : 1;   // div_small, divmod_small: these run on the layer's chain
     for (int u = threadIdx.x; u < G * nch; u += NT) {
         int c;
         const int g = divmod_small(u, nch, c);
