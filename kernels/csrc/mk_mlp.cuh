@@ -57,7 +57,8 @@ MK_DEV void mlp_down(const MkParams& p, const mk_bf16* wdt, int a0, int a1, floa
     // Every CTA adds into the same d words, whose atomics queue in a few L2 slices: each CTA starts at its own
     // element (Llama-1B -4 us/token; a sum over each cluster's ranks in shared memory first was slower: bench/NOTES.md,
     // session 17). Fixed-point integers: the order of the adds does not change a bit.
-    const int rot = 64 * blockIdx.x % d;
+    int rot;
+    divmod_small(64 * blockIdx.x, d, rot);   // 64 * blockIdx.x % d without an integer division
     for (int i = threadIdx.x; i < d; i += NT) {
         const int j = i + rot < d ? i + rot : i + rot - d;
         float s = 0.f;
