@@ -151,6 +151,11 @@ PARAM_FIELDS = [
     # this launch's first CTA in the schedule (0: the main launch); n_resident: CTAs of both launches (0: no side
     # launch); side_wait_ns: how long the main launch waits for every side CTA to be resident before it runs alone.
     ("cta0", "i32"), ("n_resident", "i32"), ("side_wait_ns", "i32"),
+    # The screened LM head (kernels/lm_screen.py, mk_lmscreen.cuh; one GPU): the LM head's int8 copy, its per-row
+    # scales and the two per-row bound factors (c: x's norm, d: x's quantization error); NULL: the exact head
+    # (top-p, logits output, the tensor-parallel build).
+    ("lm8", "p:const signed char"), ("lm8_scale", "p:const float"), ("lm8_c", "p:const float"),
+    ("lm8_d", "p:const float"),
 ]
 # status[] words (device) and host_stat[] words (mapped host memory)
 STATUS_STOP, STATUS_REASON, STATUS_ABORT = 0, 1, 2   # stop: 0 running, else (last step + 1); abort: watchdog
@@ -169,7 +174,10 @@ HOST_COUNT, HOST_DONE, HOST_REASON = 0, 1, 2
 HOST_WD_BLOCK, HOST_WD_CTR, HOST_WD_TARGET, HOST_WD_VALUE, HOST_WD_STEP = 3, 4, 5, 6, 7
 # With a side launch: 1 when the main launch ran alone (the side launch was not resident within side_wait_ns).
 HOST_ALONE = 8
-HOST_WORDS = 9
+# The screened LM head found more than LM_CAND_MAX candidates in some block and computed that block exactly (1).
+HOST_LM_OVER = 9
+HOST_WORDS = 10
+LM_CAND_MAX = 128          # candidate rows per LMHEAD instruction the screened head recomputes exactly
 # Trace record per instruction (globaltimer ns): wait start, inputs ready, outputs signalled, and the matvec's
 # start (after its norm / vector load) or, for ATTN, its partial published; ATTN splits with positions also stamp
 # q ready (word 4) and their position loop done (word 5). bench/mk_trace.py reads them.
@@ -232,6 +240,8 @@ def render_header() -> str:
         f"#define MK_SIDE_BOTH {SIDE_BOTH}",
         f"#define MK_SIDE_ALONE {SIDE_ALONE}",
         f"#define MK_HOST_ALONE {HOST_ALONE}",
+        f"#define MK_HOST_LM_OVER {HOST_LM_OVER}",
+        f"#define MK_LM_CAND_MAX {LM_CAND_MAX}",
         f"#define MK_MAX_TP {MAX_TP}",
         f"#define MK_LANE_PRESENT {LANE_PRESENT}",
         f"#define MK_LANE_NO_REDUCE {LANE_NO_REDUCE}",

@@ -112,7 +112,8 @@ class Monokernel:
     def __init__(self, model, k_cache: torch.Tensor, v_cache: torch.Tensor, max_steps: int = 4096,
                  n_sm: int | None = None, sched: Schedule | None = None, tp_build: bool = False,
                  fused_mlp: bool | None = None, attn_cluster: int = 0,
-                 n_splits: int | None = None, kv_stage_cap: int | None = None, side: bool | None = None):
+                 n_splits: int | None = None, kv_stage_cap: int | None = None, side: bool | None = None,
+                 lm_screen: bool | None = None):
         """sched: a prebuilt schedule for this model's shape and n_sm (tensor parallelism passes one whose
         exchanged waits count every rank's producers, and tp_build: the library variant with the exchange:
         kernels/tp_runtime.py). fused_mlp: the MLP schedule (schedule.build(fused_mlp=True); default: on for the
@@ -129,11 +130,44 @@ class Monokernel:
         guarantees that two launches are resident together: the main launch waits side_wait_ns for the side's CTAs
         and else runs alone on its own schedule (mk_block.cuh side_verdict; logged, counted in side_alone).
         Measured on 0.5B (bench/NOTES.md, session 23): -6 us/token at ctx 512 against the same build without it.
+        lm_screen (default: on where it can run): the screened LM head (kernels/lm_screen.py) for launches that
+        need no logits output and no top-p; it keeps an int8 copy of the LM head (vocab x d bytes). lm_mode says
+        which head the last launch ran and why.
         The library calls below bind to the thread's current device, which is the model's device inside this
         block; the caller's comes back after."""
         with torch.cuda.device(model.device):
             self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp, attn_cluster,
                        n_splits, kv_stage_cap, side)
+            self._init_lm_screen(lm_screen, tp_build)
+
+    def _init_lm_screen(self, want: bool | None, tp_build: bool) -> None:
+        """The screened LM head's tables, or why it is off (self.lm_screen_off: None when it can run)."""
+        from .lm_screen import quantize, staging_floats
+        self.lm8 = self.lm8_scale = self.lm8_c = self.lm8_d = None
+        self.lm_over = 0   # launches in which some LMHEAD block had more candidates than LM_CAND_MAX
+        rows = max(s.rows["LMHEAD"] for s in (self.sched, self.sched_alone) if s is not None)
+        need = staging_floats(rows, self.dims.d)
+        if tp_build:
+            why = "the tensor-parallel build has no screened LM head"
+        elif self.dims.d % 128:   # x's int8 chunks: whole warps of 4-element threads (mk_lmscreen.cuh)
+            why = f"hidden size {self.dims.d} is not a multiple of 128"
+        elif need > self.stage_floats:
+            why = f"{rows} LM-head rows per block need {need} floats of staging, {self.stage_floats} there"
+        elif want is False:
+            why = "off (lm_screen=False)"
+        else:
+            why = None
+        if why is not None and want:
+            raise ValueError(f"lm_screen: {why}")
+        self.lm_screen_off = why
+        if why is None:
+            self.lm8, self.lm8_scale, self.lm8_c, self.lm8_d = quantize(self.lm_head)
+            log.info("monokernel: screened LM head (int8 copy, %.0f MB) for launches without top-p or logits output",
+                     self.lm8.numel() / 2**20)
+        else:
+            log.info("monokernel: exact LM head only: %s", why)
+        self.lm_mode = "exact" if why is None else f"exact ({why})"
+        self._lm_logged: set[str] = set()
 
     def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp,
               attn_cluster, n_splits, kv_stage_cap=None, side=None) -> None:
@@ -396,8 +430,26 @@ class Monokernel:
             setattr(p, k, v)
         p.token_ctr = isa.token_counter(dm.n_layers)
         p.tp_rank, p.tp_size = 0, 1
+        self._set_lm_screen(p, top_p, logits_out)
         self._params = p
         return p
+
+    def _set_lm_screen(self, p: MkParams, top_p: float, logits_out) -> None:
+        """The screened LM head for this launch where it gives the exact head's tokens; lm_mode says which ran."""
+        why = self.lm_screen_off
+        if why is None and logits_out is not None:
+            why = "logits output"
+        elif why is None and top_p < 1.0:
+            why = "top-p"
+        if why is None:
+            p.lm8, p.lm8_scale = _ptr(self.lm8), _ptr(self.lm8_scale)
+            p.lm8_c, p.lm8_d = _ptr(self.lm8_c), _ptr(self.lm8_d)
+            self.lm_mode = "screened"
+        else:
+            self.lm_mode = f"exact ({why})"
+            if self.lm_screen_off is None and why not in self._lm_logged:   # once per reason
+                self._lm_logged.add(why)
+                log.info("monokernel: exact LM head for launches with %s (the screened head cannot give those)", why)
 
     @property
     def side_active(self) -> bool:
@@ -476,6 +528,10 @@ class Monokernel:
             log.warning("monokernel: the side launch's %d CTAs were not resident within %d us of the main launch "
                         "(another kernel on the GPU?): this launch ran on the main launch's %d CTAs alone "
                         "(%d such launches)", self.n_side, self.side_wait_ns // 1000, self.n_main, self.side_alone)
+        if self.host_stat.arr[isa.HOST_LM_OVER]:
+            self.lm_over += 1
+            log.info("monokernel: screened LM head: more than %d candidate rows in a block, which ran its rows "
+                     "exactly (%d such launches)", isa.LM_CAND_MAX, self.lm_over)
         if self.host_stat.arr[isa.HOST_REASON] == 4:
             raise RuntimeError(f"monokernel watchdog fired: {self.debug_state()}")
         if self.reason() == "no_token":

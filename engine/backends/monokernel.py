@@ -187,7 +187,11 @@ class MonokernelBackend(Backend):
     def _side_stats(self) -> None:
         """The side launch's fallbacks so far (kernels/runtime.py: each one is also logged): launches that ran on the
         clusters alone, and why the side launch stopped being started, if it did. The tensor-parallel kernels have
-        no side launch (no n_side)."""
+        no side launch (no n_side). Also which LM head the last launch ran (screened, or exact and why) and the
+        launches whose screened head computed a block exactly (too many candidates)."""
+        if hasattr(self.mk, "lm_mode"):
+            self.stats["lm_head"] = self.mk.lm_mode
+            self.stats["lm_screen_over"] = self.mk.lm_over
         if getattr(self.mk, "n_side", 0):
             self.stats["side_alone"] = self.mk.side_alone
             if self.mk.side_error:

@@ -45,6 +45,8 @@
 #define MK_SIDE_BOTH 1
 #define MK_SIDE_ALONE 2
 #define MK_HOST_ALONE 8
+#define MK_HOST_LM_OVER 9
+#define MK_LM_CAND_MAX 128
 #define MK_MAX_TP 8
 #define MK_LANE_PRESENT 0
 #define MK_LANE_NO_REDUCE 1
@@ -162,4 +164,8 @@ struct MkParams {
     int cta0;
     int n_resident;
     int side_wait_ns;
+    const signed char* lm8;
+    const float* lm8_scale;
+    const float* lm8_c;
+    const float* lm8_d;
 };

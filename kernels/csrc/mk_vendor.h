@@ -146,6 +146,11 @@ MK_DEV void mk_cp_async16(void* dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;"
                  :: "r"(mk_smem_addr(dst)), "l"(src) : "memory");
 }
+// The same for 4 bytes (through L1: .cg copies 16 bytes only); for data written before the launch.
+MK_DEV void mk_cp_async4(void* dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;"
+                 :: "r"(mk_smem_addr(dst)), "l"(src) : "memory");
+}
 MK_DEV void mk_cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 // Tensor cores (sm_80+): ldmatrix of four / two 8 x 8 bf16 tiles (each lane gives one 16-byte row address, lanes
 // 0-7 tile 0, 8-15 tile 1, ...); mma m16n8k16, bf16 in, fp32 accumulate.

@@ -39,6 +39,7 @@ MK_DEV void trace(const MkParams& p, int step, int ii, int k) {
 #include "mk_attention.cuh"
 #if !MK_TP   // kFusedMlp
 #include "mk_mlp.cuh"
+#include "mk_lmscreen.cuh"
 #endif
 
 // ---------------------------------------------------------------- weight prefetch
@@ -155,7 +156,12 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             }
             uint4 w[2][U];
             MvBatch cb;
-            const bool pre = R > 0 && p.early_loads;
+#if MK_TP
+            const bool screened = false;
+#else
+            const bool screened = op == MK_OP_LMHEAD && p.lm8 != nullptr;   // lm_screen loads its own rows
+#endif
+            const bool pre = R > 0 && p.early_loads && !screened;
             if (pre) mv_load(m, R, K, threadIdx.x >> 5, w, cb);   // in flight while we wait
             if (p.prefetch_bytes > 0) prefetch_instr(p, layers, ins);
             if (op == MK_OP_ATTN) {   // cached K/V rows in flight while we wait, like a matvec's weights
@@ -187,7 +193,13 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
                                  layer, scr);
                 }
                 trace(p, step, ii, 3);
-                matvec(m, R, K, sv, red, out, w, cb, pre);
+#if !MK_TP
+                if (screened)
+                    lm_screen(p.lm8, p.lm8_scale, p.lm8_c, p.lm8_d, p.lm_head, a0, R, K, p.temperature, p.seed, step,
+                              sv, red, out, sm + p.sm_kv, scr, p.host_stat + MK_HOST_LM_OVER);
+                else
+#endif
+                    matvec(m, R, K, sv, red, out, w, cb, pre);
                 switch (op) {
                 case MK_OP_QKV:
                     for (int r = threadIdx.x; r < a1; r += NT)

@@ -186,6 +186,45 @@ def test_cancel_mid_run_and_sampling():
     assert reason == "stop" and stopped == free[:free.index(free[4]) + 1]
 
 
+@pytest.mark.parametrize("name", [SHAPES[0], SHAPES[2]])
+def test_screened_lm_head_picks_the_exact_heads_tokens(name):
+    """The screened LM head (kernels/lm_screen.py: int8 screen, exact bf16 logits of the candidates) against the exact
+    head of the same kernel at 256 teacher-forced steps: greedy tokens are the argmax of the exact logits, Gumbel-max
+    samples (two temperatures) the exact head's with the same seed; flat logits (final norm zeroed: every row ties)
+    overflow the candidate list, and that block runs exactly (lowest index wins, as in the exact head)."""
+    s = setup_for(name)
+    mk, V = s.mk, s.cfg.vocab_size
+    assert mk.lm_screen_off is None, mk.lm_screen_off
+    forced = s.ids[PROMPT:PROMPT + STEPS].tolist()
+    s.restore()
+    out = torch.empty(STEPS, V, device="cuda")
+    exact, _ = mk.run(0, forced[0], PROMPT, STEPS, forced=forced, logits_out=out)
+    assert mk.lm_mode == "exact (logits output)"
+    s.restore()
+    screened, _ = mk.run(0, forced[0], PROMPT, STEPS, forced=forced)
+    assert mk.lm_mode == "screened"
+    assert screened == exact == out.argmax(dim=1).tolist()
+    over0 = mk.lm_over
+    for T in (0.8, 1.5):
+        got = {}
+        for off in (None, "test: exact head"):
+            mk.lm_screen_off = off
+            s.restore()
+            got[off] = mk.run(0, forced[0], PROMPT, STEPS, forced=forced, temperature=T, seed=11)[0]
+        mk.lm_screen_off = None
+        assert got[None] == got["test: exact head"], T
+    assert mk.lm_over == over0   # random weights: every block's candidates fit
+    norm = mk.final_norm.clone()
+    try:
+        mk.final_norm.zero_()
+        s.restore()
+        flat, _ = mk.run(0, forced[0], PROMPT, 4, forced=forced)
+        assert mk.lm_mode == "screened" and mk.lm_over == over0 + 1 and flat == [0] * 4
+    finally:
+        mk.final_norm.copy_(norm)
+    print(f"\n{name}: screened = exact head: {STEPS} greedy + 2 x {STEPS} sampled steps")
+
+
 def test_engine_end_to_end(tmp_path):
     from engine import Engine
     from engine.testing import make_tiny_checkpoint
