@@ -107,6 +107,12 @@ def bench_shape(name: str, args, bw: float, peer: bool, deadline: float) -> dict
     mk.run(0, tok0, ctx, 32)
     t = timed(lambda: mk.run(0, tok0, ctx, N), args.reps)
     row["monokernel_us"] = t / N * 1e6
+    row["lm_head"] = mk.lm_mode   # screened (kernels/lm_screen.py) unless it cannot run here
+    if mk.lm_screen_off is None:   # the exact LM head, same launch otherwise
+        mk.lm_screen_off = "bench: exact head"
+        mk.run(0, tok0, ctx, 32)
+        row["mk_exact_lm_us"] = timed(lambda: mk.run(0, tok0, ctx, N), args.reps) / N * 1e6
+        mk.lm_screen_off = None
     # variants, same launch otherwise: v0 = weight loads only after the wait; pf = + L2 prefetch before the wait
     variants = {"mk_v0_us": dict(early_loads=0, prefetch_bytes=0)}
     for pf in args.prefetch:
@@ -305,7 +311,7 @@ def main():
             row = {"shape": name, "error": f"{type(e).__name__}: {e}"}
         rows.append(row)
         log(json.dumps(row))
-    hdr = (f"{'shape':<20} {'roof us':>8} {'mk us':>8} {'mk tok/s':>9} {'%roof':>6} {'v0 us':>7} {'mk+pf us':>9} "
+    hdr = (f"{'shape':<20} {'roof us':>8} {'mk us':>8} {'mk tok/s':>9} {'%roof':>6} {'exactLM':>7} {'v0 us':>7} {'mk+pf us':>9} "
            f"{'minpos':>10} {'mlp':>6} {'other':>6} {'attn:CTAs':>10} {'other:CTAs':>10} "
            f"{'layer us':>8} "
            f"{'stream us':>9} "
@@ -319,7 +325,7 @@ def main():
             continue
         log(f"{r['shape']:<20} {f(r, 'roofline_us', '{:8.0f}')} {f(r, 'monokernel_us', '{:8.0f}')} "
             f"{f(r, 'monokernel_tok_s', '{:9.0f}')} {f(r, 'monokernel_pct_roof', '{:5.0f}%')} "
-            f"{f(r, 'mk_v0_us', '{:7.0f}')} {pf_best(r)} {best(r, 'mk_minpos'):>10} "
+            f"{f(r, 'mk_exact_lm_us', '{:7.0f}')} {f(r, 'mk_v0_us', '{:7.0f}')} {pf_best(r)} {best(r, 'mk_minpos'):>10} "
             f"{'fused' if r.get('fused_mlp') else 'split':>6} {f(r, 'mk_other_mlp_us', '{:6.0f}')} "
             f"{attn_columns(r)} "
             f"{r['trace']['layer_us'] if 'trace' in r else float('nan'):8.1f} "
