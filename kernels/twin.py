@@ -10,7 +10,7 @@ read (write-after-read) therefore fails loudly here, whatever the counters say.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -38,16 +38,24 @@ class TwinResult:
     steps_run: int
     finish: str                 # "length" | "stop" | "cancelled"
     instructions_run: int
+    lm_candidates: list[int] = field(default_factory=list)   # screened head: candidates per LMHEAD instruction
 
 
 class Twin:
     """model: engine.model.Model (fp32 weights, any device; the twin computes on CPU)."""
 
-    def __init__(self, model, sched: Schedule, inv_freq: torch.Tensor):
+    def __init__(self, model, sched: Schedule, inv_freq: torch.Tensor, lm_screen: bool = False):
+        """lm_screen: LMHEAD records from the screened head (kernels/lm_screen.py: each instruction's rows screened
+        against that instruction's own maxima, excluded rows out of its records) in runs without top-p, as the
+        kernel's launches without logits output; the logits the twin returns stay every row's exact one."""
         self.m, self.s = model, sched
         self.dm = sched.dims
         self.inv_freq = inv_freq.float().cpu()   # [hd/2]
         self.layers = model.layers
+        self.lm8 = None
+        if lm_screen:
+            from .lm_screen import quantize
+            self.lm8 = quantize(model.lm_head.float().cpu())
 
     # ---- helpers ----
     def _expect(self, tags: np.ndarray, want: int, what: str, ins) -> None:
@@ -103,6 +111,7 @@ class Twin:
         tok_ctr = isa.token_counter(L)
         out_tokens: list[int] = []
         out_logits: list[torch.Tensor] = []
+        lm_candidates: list[int] = []
         state = {"stop": False, "finish": "length", "token": token}
 
         def embed(tok, step):
@@ -152,7 +161,8 @@ class Twin:
         if capture is not None:
             capture.update(x=x, qkv=qkv, attn=attn, h=h)
         return TwinResult(tokens=out_tokens, logits=torch.stack(out_logits) if out_logits else torch.zeros(0, dm.vocab),
-                          steps_run=len(out_logits), finish=state["finish"], instructions_run=n_run)
+                          steps_run=len(out_logits), finish=state["finish"], instructions_run=n_run,
+                          lm_candidates=lm_candidates)
 
     def _exec(self, ins, step, pos, env) -> None:
         op, layer, a0, a1, wc, wn, sig, aux = ins
@@ -259,7 +269,7 @@ class Twin:
             lg = m.lm_head[r].float().cpu() @ xn
             logits[r] = lg
             tags["logits"][r] = _tag(step, 0, op)
-            env["recs"][aux] = self._record(lg, a0, step, env)
+            env["recs"][aux] = self._record(self._screened(lg, r, xn, step, env), a0, step, env)
             tags["rec"][aux] = _tag(step, 0, op)
         elif name == "SAMPLE":
             self._expect(tags["rec"], _tag(step, 0, isa.OPS["LMHEAD"]), "records", ins)
@@ -290,6 +300,20 @@ class Twin:
                                 f"{self.s.counts['MLP']} MLP instructions) or overwritten")
         accf = torch.from_numpy(env["acc"][rows].astype(np.float32)) * (2.0 ** -isa.ACC_FRAC_BITS)
         return x[rows] + accf
+
+    def _screened(self, lg: torch.Tensor, r: slice, xn: torch.Tensor, step: int, env) -> torch.Tensor:
+        """The rows an LMHEAD instruction's record sees: all exact logits, or with the screened head (and no top-p)
+        the exact logits of its candidates and -inf for the rest (mk_lmscreen.cuh: NaN, which no pick takes)."""
+        if self.lm8 is None or env["top_p"] < 1.0:
+            return lg
+        from .lm_screen import approx_logits, bounds, candidates
+        q8, sc, c, d = (t[r] for t in self.lm8)
+        a = approx_logits(q8, sc, xn)
+        T = env["temperature"]
+        g = torch.from_numpy(gumbel(env["seed"], step, np.arange(r.start, r.stop))).float() if T > 0 else None
+        keep = candidates(a, bounds(a, c, d, xn), T, g)
+        env["lm_candidates"].append(int(keep.sum()))
+        return torch.where(keep, lg, torch.full_like(lg, -torch.inf))
 
     def _record(self, lg: torch.Tensor, row0: int, step: int, env) -> dict:
         T, seed = env["temperature"], env["seed"]

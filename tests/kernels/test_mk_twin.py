@@ -269,3 +269,30 @@ def test_fused_mlp_greedy_tokens_equal_the_unfused_schedule(qwen_tiny):
     assert runs[1].tokens == runs[0].tokens
     err = ((runs[1].logits - runs[0].logits).norm() / runs[0].logits.norm()).item()
     assert 0 < err < 1e-5   # same math up to the fixed-point rounding and summation order
+
+
+@pytest.mark.parametrize("shape", ["qwen2-gqa2", "llama-mha-untied"])
+@pytest.mark.parametrize("n_sm", [3, 7])
+def test_screened_lm_head_gives_the_exact_heads_tokens(shape, n_sm):
+    """The screened LM head (kernels/lm_screen.py) in the instruction stream: each LMHEAD instruction screens its
+    own rows against its own maxima and records only its candidates' exact logits; greedy and Gumbel-max tokens
+    equal the exact head's, teacher-forced and free-running, and the screen keeps a minority of the rows."""
+    cfg = tiny_cfg(**SHAPES[shape], vocab_size=512)
+    model = tiny_model(cfg)
+    prompt = [3, 17, 42, 9, 100, 7]
+    sched = schedule.build(schedule.Dims.of(cfg), n_sm=n_sm, fused_mlp=True)
+    k0, v0 = _prefill(model, cfg, prompt)
+    runs = {}
+    for screen in (False, True):
+        twin = Twin(model, sched, rope_inv_freq(cfg), lm_screen=screen)
+        for T, seed in ((0.0, 0), (0.9, 5)):
+            k, v = k0.clone(), v0.clone()
+            runs[screen, T] = twin.run(k, v, 1, prompt[-1], len(prompt) - 1, 12, temperature=T, seed=seed,
+                                       valid_len=len(prompt) - 1)
+    for T in (0.0, 0.9):
+        assert runs[True, T].tokens == runs[False, T].tokens
+        assert torch.equal(runs[True, T].logits, runs[False, T].logits)
+        cands = runs[True, T].lm_candidates
+        assert len(cands) == 12 * sched.n_lm and all(c >= 1 for c in cands)
+        assert sum(cands) < 12 * cfg.vocab_size // 4
+    assert not runs[False, 0.0].lm_candidates
