@@ -7,7 +7,8 @@
 // the kernel's hi / lo bf16 tile, K rows padded by MK_KPAD and V rows as bf16, the head records in global memory)
 // `REPS` times;
 // thread 0 stamps %globaltimer after each phase's barrier. CTA 0's outputs (softmax-weighted V per q head and dim)
-// are checked against a double-precision host reference on the same bf16 data.
+// are checked against a double-precision host reference on the same bf16 data. Cases marked "pairs" time a candidate
+// values phase instead (attn_head_values_pairs below: two warps per q head over halves of the positions).
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I kernels/csrc bench/probes/attn_probe.cu \
 //        -o /tmp/attn_probe && /tmp/attn_probe
@@ -37,14 +38,78 @@ static __host__ __device__ float q_val(int i, int b) { return 0.01f * ((i * 7 + 
 static __host__ __device__ float k_val(int i, int b) { return 0.02f * ((i * 5 + b) % 11 - 5); }
 static __host__ __device__ float v_val(int i, int b) { return 0.03f * ((i * 3 + b) % 9 - 4); }
 
-// ns[blockIdx.x * 3 + k]: scores, values, whole loop (per loop, averaged over REPS). rec: per CTA MAXG head records.
+// A candidate for the kernel's values phase (not in mk_attn_loop.cuh; session 25's question): two warps per q head,
+// each over half of the chunk's positions (warp j the first half, warp j + 8 the second), each with its own max,
+// weights and V sums as attn_head_values computes them (same lane layout), then warp j + 8 hands (max, sum, HD
+// weighted sums) over shared memory (xch: 8 x (HD + 2) floats) and a barrier of the pair, and warp j merges them with
+// the online-softmax rule into the record. Splitting the dims instead (session 7's patch 31) left every warp's chain
+// over all positions and gained nothing; this halves the chain. The caller runs it in warps j < g and j + 8.
 template <int HD>
-__global__ void __launch_bounds__(NT, 1) loop(int g, int C, unsigned long long* ns, float* rec, float* chk) {
+MK_DEV void attn_head_values_pairs(float* sc, const mk_bf16* stv, int C, int cap, float* rec, float* xch) {
+    constexpr int CH = HD / 8, S = 32 / CH;
+    static_assert((CH & (CH - 1)) == 0, "head_dim 64 or 128 here");
+    const int w = threadIdx.x >> 5, j = w & 7, half = w >> 3, lane = threadIdx.x & 31, c = lane % CH, s0 = lane / CH;
+    const int p0 = half ? C / 2 : 0, p1 = half ? C : C / 2;
+    float* ej = sc + j * cap;
+    float mx = -INFINITY;
+    for (int pp = p0 + lane; pp < p1; pp += 32) mx = fmaxf(mx, ej[pp]);
+    const float mn = warp_max(mx);
+    float ls = 0.f;
+    for (int pp = p0 + lane; pp < p1; pp += 32) {
+        const float e = expf(ej[pp] - mn);
+        ej[pp] = e;
+        ls += e;
+    }
+    __syncwarp();
+    float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll 4
+    for (int pp = p0 + s0; pp < p1; pp += S) {
+        const uint4 u = *(const uint4*)(stv + (size_t)pp * HD + 8 * c);
+        const float e = ej[pp];
+        acc[0] += e * __uint_as_float(u.x << 16);
+        acc[1] += e * __uint_as_float(u.x & 0xffff0000u);
+        acc[2] += e * __uint_as_float(u.y << 16);
+        acc[3] += e * __uint_as_float(u.y & 0xffff0000u);
+        acc[4] += e * __uint_as_float(u.z << 16);
+        acc[5] += e * __uint_as_float(u.z & 0xffff0000u);
+        acc[6] += e * __uint_as_float(u.w << 16);
+        acc[7] += e * __uint_as_float(u.w & 0xffff0000u);
+    }
+#pragma unroll
+    for (int o = CH; o < 32; o <<= 1)
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] += __shfl_xor_sync(0xffffffffu, acc[i], o);
+    ls = warp_sum(ls);
+    float* x = xch + j * (HD + 2);
+    if (half) {
+        if (lane < CH)
+#pragma unroll
+            for (int i = 0; i < 8; ++i) x[2 + 8 * lane + i] = acc[i];
+        if (lane == 0) { x[0] = mn; x[1] = ls; }
+    }
+    asm volatile("bar.sync %0, 64;" :: "r"(1 + j) : "memory");   // the pair only
+    if (half) return;
+    const float m2 = x[0], m = fmaxf(mn, m2);
+    const float c1 = mn == -INFINITY ? 0.f : expf(mn - m), c2 = m2 == -INFINITY ? 0.f : expf(m2 - m);
+    if (lane < CH) {
+        float* o = rec + 2 + 8 * lane;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) o[i] = acc[i] * c1 + x[2 + 8 * lane + i] * c2;
+    }
+    if (lane == 0) { rec[0] = m; rec[1] = ls * c1 + x[1] * c2; }
+}
+
+// ns[blockIdx.x * 3 + k]: scores, values, whole loop (per loop, averaged over REPS). rec: per CTA MAXG head records.
+// pairs: the values phase by attn_head_values_pairs instead of the kernel's attn_head_values.
+template <int HD>
+__global__ void __launch_bounds__(NT, 1) loop(int g, int C, unsigned long long* ns, float* rec, float* chk,
+                                              int pairs) {
     extern __shared__ float4 smem4[];
     mk_bf16* qh = (mk_bf16*)smem4;                           // [2 MAXG][HD + MK_KPAD]
     mk_bf16* stk = qh + 2 * MAXG * (HD + MK_KPAD);           // [C][HD + MK_KPAD]
     mk_bf16* stv = stk + (size_t)C * (HD + MK_KPAD);         // [C][HD]
     float* sc = (float*)(stv + (size_t)C * HD);              // [MAXG][C]
+    float* xch = sc + MAXG * C;                              // [MAXG][HD + 2] (pairs)
     for (int i = threadIdx.x; i < g * HD; i += NT) attn_q_store<HD>(qh, i / HD, i % HD, q_val(i, blockIdx.x));
     for (int i = threadIdx.x; i < C * HD; i += NT) {
         stk[(i / HD) * (HD + MK_KPAD) + i % HD] = mk_f2bf(k_val(i, blockIdx.x));
@@ -60,7 +125,10 @@ __global__ void __launch_bounds__(NT, 1) loop(int g, int C, unsigned long long* 
         attn_scores_mma<HD>(qh, stk, sc, g, C, C);
         __syncthreads();
         if (threadIdx.x == 0) { t1 = mk_globaltimer(); if (rep) acc[0] += t1 - t0; t0 = t1; }
-        if (j < g) {
+        if (pairs) {
+            if ((j & 7) < g) attn_head_values_pairs<HD>(sc, stv, C, C, pj - (j >> 3) * 8 * (HD + 2), xch);
+            if (j < g) keep += pj[2 + lane];
+        } else if (j < g) {
             attn_head_values<HD>(sc, stv, C, C, pj, true);
             keep += pj[2 + lane];
         }
@@ -112,17 +180,25 @@ int main() {
     cudaMalloc(&chk, sizeof(float) * MAXG * 128);
     std::vector<unsigned long long> h(3 * nsm);
     std::vector<float> got(MAXG * 128);
-    struct Case { const char* what; int g, hd, C; };
-    const Case cases[] = {{"0.5B (g 7, hd 64)", 7, 64, 64}, {"Llama-1B (g 4, hd 64)", 4, 64, 64},
-                          {"1.5B (g 6, hd 128)", 6, 128, 64}, {"1.5B, 128 positions", 6, 128, 128}};
+    struct Case { const char* what; int g, hd, C, pairs; };
+    // the kernel's values phase, then the pairs candidate; 0.5B at ctx ~600 holds ~75 positions per busy split
+    // (8 of its 16 cluster ranks), 1.5B ~16-20 (32 splits)
+    const Case cases[] = {{"0.5B (g 7, hd 64)", 7, 64, 64, 0}, {"Llama-1B (g 4, hd 64)", 4, 64, 64, 0},
+                          {"1.5B (g 6, hd 128)", 6, 128, 64, 0}, {"1.5B, 128 positions", 6, 128, 128, 0},
+                          {"0.5B, 32", 7, 64, 32, 0}, {"0.5B, 32, pairs", 7, 64, 32, 1},
+                          {"0.5B, 64, pairs", 7, 64, 64, 1},
+                          {"0.5B, 75", 7, 64, 75, 0}, {"0.5B, 75, pairs", 7, 64, 75, 1},
+                          {"0.5B, 128", 7, 64, 128, 0}, {"0.5B, 128, pairs", 7, 64, 128, 1},
+                          {"1.5B, 16", 6, 128, 16, 0}, {"1.5B, 16, pairs", 6, 128, 16, 1},
+                          {"1.5B, 64, pairs", 6, 128, 64, 1}};
     printf("%-24s %8s %8s %8s %10s\n", "case", "scores", "values", "loop us", "max rel e");
     std::string json = "{\"probe\": \"attn\", \"rows\": [";
     bool ok = true;
     for (const Case& c : cases) {
-        const int smem = MAXG * c.C * 4 + (2 * MAXG + c.C) * (c.hd + MK_KPAD) * 2 + c.C * c.hd * 2;
-        void (*k)(int, int, unsigned long long*, float*, float*) = c.hd == 64 ? loop<64> : loop<128>;
+        const int smem = MAXG * c.C * 4 + (2 * MAXG + c.C) * (c.hd + MK_KPAD) * 2 + c.C * c.hd * 2 + MAXG * (c.hd + 2) * 4;
+        void (*k)(int, int, unsigned long long*, float*, float*, int) = c.hd == 64 ? loop<64> : loop<128>;
         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-        k<<<nsm, NT, smem>>>(c.g, c.C, ns, rec, chk);
+        k<<<nsm, NT, smem>>>(c.g, c.C, ns, rec, chk, c.pairs);
         cudaMemcpy(h.data(), ns, sizeof(unsigned long long) * 3 * nsm, cudaMemcpyDeviceToHost);
         cudaMemcpy(got.data(), chk, sizeof(float) * MAXG * 128, cudaMemcpyDeviceToHost);
         const cudaError_t e = cudaGetLastError();
@@ -138,9 +214,9 @@ int main() {
         printf("%-24s %8.3f %8.3f %8.3f %10.2e %s\n", c.what, med[0], med[1], med[2], err,
                e == cudaSuccess ? "" : cudaGetErrorString(e));
         char b[256];
-        snprintf(b, sizeof b, "%s{\"g\": %d, \"hd\": %d, \"C\": %d, \"scores_us\": %.3f, \"values_us\": %.3f, "
-                 "\"loop_us\": %.3f, \"max_rel_err\": %.3e}",
-                 json.back() == '[' ? "" : ", ", c.g, c.hd, c.C, med[0], med[1], med[2], err);
+        snprintf(b, sizeof b, "%s{\"g\": %d, \"hd\": %d, \"C\": %d, \"pairs\": %d, \"scores_us\": %.3f, "
+                 "\"values_us\": %.3f, \"loop_us\": %.3f, \"max_rel_err\": %.3e}",
+                 json.back() == '[' ? "" : ", ", c.g, c.hd, c.C, c.pairs, med[0], med[1], med[2], err);
         json += b;
     }
     printf("%s], \"ok\": %s}\n", json.c_str(), ok ? "true" : "false");
