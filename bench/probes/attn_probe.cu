@@ -46,7 +46,7 @@ static __host__ __device__ float v_val(int i, int b) { return 0.03f * ((i * 3 + 
 // over all positions and gained nothing; this halves the chain. The caller runs it in warps j < g and j + 8.
 template <int HD>
 MK_DEV void attn_head_values_pairs(float* sc, const mk_bf16* stv, int C, int cap, float* rec, float* xch) {
-    constexpr int CH = HD / 8, S = 32 / CH;
+    constexpr int CH = HD / 8;
     static_assert((CH & (CH - 1)) == 0, "head_dim 64 or 128 here");
     const int w = threadIdx.x >> 5, j = w & 7, half = w >> 3, lane = threadIdx.x & 31, c = lane % CH, s0 = lane / CH;
     const int p0 = half ? C / 2 : 0, p1 = half ? C : C / 2;
@@ -62,19 +62,7 @@ MK_DEV void attn_head_values_pairs(float* sc, const mk_bf16* stv, int C, int cap
     }
     __syncwarp();
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-    for (int pp = p0 + s0; pp < p1; pp += S) {
-        const uint4 u = *(const uint4*)(stv + (size_t)pp * HD + 8 * c);
-        const float e = ej[pp];
-        acc[0] += e * __uint_as_float(u.x << 16);
-        acc[1] += e * __uint_as_float(u.x & 0xffff0000u);
-        acc[2] += e * __uint_as_float(u.y << 16);
-        acc[3] += e * __uint_as_float(u.y & 0xffff0000u);
-        acc[4] += e * __uint_as_float(u.z << 16);
-        acc[5] += e * __uint_as_float(u.z & 0xffff0000u);
-        acc[6] += e * __uint_as_float(u.w << 16);
-        acc[7] += e * __uint_as_float(u.w & 0xffff0000u);
-    }
+    attn_v_sums<HD>(ej, stv, p0 + s0, p1, c, acc);
 #pragma unroll
     for (int o = CH; o < 32; o <<= 1)
 #pragma unroll

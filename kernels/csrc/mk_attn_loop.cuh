@@ -46,6 +46,26 @@ MK_DEV void attn_scores_mma(const mk_bf16* qh, const mk_bf16* stk, float* sc, in
     }
 }
 
+// acc += e[pp] x (16-byte chunk c of V row pp) for pp = p, p + S, ... < p1 (S = 32 / (HD / 8) positions per warp
+// pass): a lane's share of a head's weighted V sums.
+template <int HD>
+MK_DEV void attn_v_sums(const float* e, const mk_bf16* stv, int p, int p1, int c, float (&acc)[8]) {
+    constexpr int S = 32 / (HD / 8);
+#pragma unroll 4
+    for (int pp = p; pp < p1; pp += S) {
+        const uint4 u = *(const uint4*)(stv + (size_t)pp * HD + 8 * c);
+        const float w = e[pp];
+        acc[0] += w * __uint_as_float(u.x << 16);
+        acc[1] += w * __uint_as_float(u.x & 0xffff0000u);
+        acc[2] += w * __uint_as_float(u.y << 16);
+        acc[3] += w * __uint_as_float(u.y & 0xffff0000u);
+        acc[4] += w * __uint_as_float(u.z << 16);
+        acc[5] += w * __uint_as_float(u.z & 0xffff0000u);
+        acc[6] += w * __uint_as_float(u.w << 16);
+        acc[7] += w * __uint_as_float(u.w & 0xffff0000u);
+    }
+}
+
 // Softmax weights and values of q head j = this warp (the caller runs it in warps j < g, after the scores), one
 // chunk of positions: the warp finds the chunk's max, turns its head's scores into e = exp(s - max) in place, then
 // lane (s, c) (c: one of the CH = HD / 8 16-byte chunks of the V row, s: every S = 32 / CH-th position; head_dim
@@ -72,19 +92,7 @@ MK_DEV void attn_head_values(float* sc, const mk_bf16* stv, int C, int cap, floa
     }
     __syncwarp();
     float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-#pragma unroll 4
-    for (int pp = s0 < S ? s0 : C; pp < C; pp += S) {
-        const uint4 u = *(const uint4*)(stv + (size_t)pp * HD + 8 * c);
-        const float e = ej[pp];
-        acc[0] += e * __uint_as_float(u.x << 16);
-        acc[1] += e * __uint_as_float(u.x & 0xffff0000u);
-        acc[2] += e * __uint_as_float(u.y << 16);
-        acc[3] += e * __uint_as_float(u.y & 0xffff0000u);
-        acc[4] += e * __uint_as_float(u.z << 16);
-        acc[5] += e * __uint_as_float(u.z & 0xffff0000u);
-        acc[6] += e * __uint_as_float(u.w << 16);
-        acc[7] += e * __uint_as_float(u.w & 0xffff0000u);
-    }
+    attn_v_sums<HD>(ej, stv, s0 < S ? s0 : C, C, c, acc);
     if constexpr (POW2) {
 #pragma unroll
         for (int o = CH; o < 32; o <<= 1)
