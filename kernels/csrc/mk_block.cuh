@@ -91,6 +91,13 @@ MK_DEV void block_argmax(float& v, int& idx, float* scr) {
     __syncthreads();
 }
 
+// Block max (NaN ignored, as block_argmax's ties); every thread gets it. scr: as block_argmax.
+MK_DEV float block_max(float v, float* scr) {
+    int i = 0;
+    block_argmax(v, i, scr);
+    return v;
+}
+
 // Thread 0 spins until *c >= target. Returns false (in every thread) when the launch is aborted: this wait
 // outlived the watchdog (it reports itself to the host and raises the abort flag) or another CTA's did.
 // sys: the counter is also bumped by other GPUs (tensor parallelism, mk_exchange.cuh): acquire at system scope.

@@ -2,12 +2,6 @@
 // Included by monokernel.cu only (one translation unit); relies on its includes and defines.
 #pragma once
 
-MK_DEV float block_max(float v, float* scr) {
-    int i = 0;
-    block_argmax(v, i, scr);
-    return v;
-}
-
 // The bound on |approximate - exact logit| of a row (lm_screen.py): nx c + ex d, where nx, ex already carry their
 // slack, plus 2^-20 |a| for the rounding of a -/+ the bound itself.
 MK_DEV float lm8_bound(float a, float nx, float c, float ex, float d) {

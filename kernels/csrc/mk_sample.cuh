@@ -60,9 +60,8 @@ __device__ __noinline__ void nucleus_pick(const float* lmrec, int n, float T, fl
                                           int step, float* cp, float* scr, float& bv, int& bi) {
     const int W = MK_REC_WORDS;
     float M = -INFINITY;
-    int dummy = 0;
     for (int b = threadIdx.x; b < n; b += NT) M = fmaxf(M, mk_ld_cg(lmrec + (size_t)b * W));
-    block_argmax(M, dummy, scr);
+    M = block_max(M, scr);
     float z = 0.f;
     for (int b = threadIdx.x; b < n; b += NT)
         z += mk_ld_cg(lmrec + (size_t)b * W + 2) * expf((mk_ld_cg(lmrec + (size_t)b * W) - M) / T);
