@@ -170,8 +170,10 @@ def attn_splits_in_use(n: int, n_splits: int, min_pos: int, min_splits: int, sta
     return max(1, s)
 
 
-# The attention's split rule (attn_split_defaults): about this many CTAs hold a step's positions.
+# The attention's split rule (attn_split_defaults): about this many CTAs hold a step's positions; a cluster
+# launch's splits hold at least CLUSTER_MIN_POS positions each.
 ATTN_CTAS = 64
+CLUSTER_MIN_POS = 40
 
 
 def attn_split_defaults(dm: Dims, cluster: int = 0) -> tuple[int, int]:
@@ -180,9 +182,13 @@ def attn_split_defaults(dm: Dims, cluster: int = 0) -> tuple[int, int]:
     else 64. Measured with the slice merge (bench/NOTES.md, session 14, same process): 1.5B (2 kv heads) 1,274 ->
     1,257 us/token at ctx 512 and 1,368 -> 1,323 at 2048 with 32 splits of >= 16 positions against 8 of >= 64;
     Llama-1B (8 kv heads, 16 splits) 849 -> 865 at 512 with 16, so it keeps 8. A cluster launch has exactly
-    `cluster` splits per kv head, so it keeps the 64-position rule."""
+    `cluster` splits per kv head and fills all of them, at least 40 positions each (session 26, clusters of 16, 0.5B:
+    546.6 / 548.4 / 551.6 / 560.5 / 584.1 us/token at ctx 128 / 256 / 512 / 1,024 / 2,048 against 550.3 / 551.2 /
+    557.4 / 575.5 / 585.5 with session 20's 8 splits of >= 64; 48 positions no better)."""
     share = min(32, max(8, ATTN_CTAS // dm.n_kv))
-    if cluster or share <= 8:
+    if cluster:
+        return CLUSTER_MIN_POS, cluster
+    if share <= 8:
         return 64, 8
     return 16, share
 

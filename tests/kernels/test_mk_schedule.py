@@ -159,16 +159,18 @@ def test_attention_splits_at_long_contexts():
     assert [schedule.attn_splits_in_use(n, 66, 64, 0, 128) for n in (512, 1024, 2048)] == [8, 16, 32]
 
 
-@pytest.mark.parametrize("name,cluster,rule", [("qwen2.5-coder-1.5b", 0, (16, 32)), ("llama-3.2-1b", 0, (64, 8)),
-                                               ("qwen2.5-coder-0.5b", 8, (64, 8)), ("qwen2.5-coder-0.5b", 0, (16, 32))])
-def test_attention_split_defaults_per_model(name, cluster, rule):
-    # the measured winners (bench/NOTES.md, session 14): 2 kv heads take 32 splits of >= 16 positions, 8 kv heads
-    # keep 8 of >= 64; a cluster launch keeps the 64-position rule (its split count is the cluster size)
+@pytest.mark.parametrize("name,cluster,rule,used", [
+    ("qwen2.5-coder-1.5b", 0, (16, 32), [7, 32, 32]), ("llama-3.2-1b", 0, (64, 8), [2, 8, 16]),
+    ("qwen2.5-coder-0.5b", 16, (40, 16), [3, 13, 16]), ("qwen2.5-coder-0.5b", 8, (40, 8), [3, 8, 8]),
+    ("qwen2.5-coder-0.5b", 0, (16, 32), [7, 32, 32])])
+def test_attention_split_defaults_per_model(name, cluster, rule, used):
+    # the measured winners (bench/NOTES.md, sessions 14 and 26): 2 kv heads take 32 splits of >= 16 positions, 8 kv
+    # heads keep 8 of >= 64; a cluster launch has `cluster` splits per kv head (the schedule's n_splits) and fills
+    # them at >= 40 positions each
     dims = schedule.Dims.of(preset(name))
     assert schedule.attn_split_defaults(dims, cluster) == rule
-    min_pos, min_splits = rule
-    used = [schedule.attn_splits_in_use(n, 64, min_pos, min_splits, 128) for n in (100, 512, 2048)]
-    assert used == ([7, 32, 32] if min_pos == 16 else [2, 8, 16])
+    n_splits = cluster or 64
+    assert [schedule.attn_splits_in_use(n, n_splits, *rule, 128) for n in (100, 512, 2048)] == used
 
 
 def test_attention_split_defaults_bounds():
