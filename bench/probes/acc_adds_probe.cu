@@ -16,7 +16,12 @@
 //   s4, s16   as stagger, element j at acc[4 j] / acc[16 j] (its own 32-byte sector / 128-byte line: are the adds
 //             bound by the lines they share, or by the count?); the readers read the same spread layout
 //   u32       as stagger with 32-bit adds (are 64-bit adds two operations?)
-// Checks at the end: all / stagger / cluster / s4 / s16 / u32 leave the same accumulator (exact integers).
+//   v2f, v4f  as stagger with each element as two exact fp32 integers (hi = floor(N / 2^8), lo = N - 2^8 hi: the
+//             probe never zeroes the accumulator, so its 400 x 120 partials per element must sum exactly: lo < 2^8
+//             keeps every sum under 2^24, and then the order of the adds does not change a bit), added
+//             by red.global.add.v2.f32 (one element per atomic) or .v4.f32 (two elements per atomic): is the cost
+//             the count of atomics whatever their width?
+// Checks at the end: every mode but none / eighth leaves the same accumulator (exact integers).
 //
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -I kernels/csrc bench/probes/acc_adds_probe.cu \
 //        -o /tmp/acc_adds_probe && /tmp/acc_adds_probe
@@ -34,12 +39,18 @@ namespace cg = cooperative_groups;
 #define NT 512
 #define NS 400
 #define CS 8
-enum Mode { NONE, ALL, STAGGER, CLUSTER, EIGHTH, S4, S16, U32, NMODES };
-static const char* kNames[NMODES] = {"none", "all", "stagger", "cluster", "eighth", "s4", "s16", "u32"};
+enum Mode { NONE, ALL, STAGGER, CLUSTER, EIGHTH, S4, S16, U32, V2F, V4F, NMODES };
+static const char* kNames[NMODES] = {"none", "all", "stagger", "cluster", "eighth", "s4", "s16", "u32", "v2f", "v4f"};
 // Words between consecutive accumulator elements in a mode's layout.
 __host__ __device__ constexpr int stride_of(int mode) { return mode == S4 ? 4 : mode == S16 ? 16 : 1; }
 
 MK_DEV long long partial(int b, int j, int s) { return (long long)((b * 131 + j * 7 + s) % 1000) - 500; }
+
+// v2f / v4f: an integer partial as (hi, lo) fp32, both exact; the accumulator holds element j at floats 2j, 2j + 1.
+MK_DEV float2 split_hl(long long n) {
+    const long long hi = n >> 8;   // floor(n / 2^8)
+    return make_float2((float)hi, (float)(n - (hi << 8)));
+}
 
 template <int MODE>
 __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(NT, 1)
@@ -69,6 +80,20 @@ __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(NT, 1)
                 const int j = (i + 64 * b) % d;
                 atomicAdd((unsigned*)acc + j, (unsigned)partial(b, j, s));
             }
+        } else if (MODE == V2F) {
+            for (int i = threadIdx.x; i < d; i += NT) {
+                const int j = (i + 64 * b) % d;
+                const float2 v = split_hl(partial(b, j, s));
+                asm volatile("red.global.add.v2.f32 [%0], {%1, %2};" ::"l"((float*)acc + 2 * j), "f"(v.x), "f"(v.y)
+                             : "memory");
+            }
+        } else if (MODE == V4F) {
+            for (int i = threadIdx.x; i < d / 2; i += NT) {
+                const int q = (i + 32 * b) % (d / 2);
+                const float2 v0 = split_hl(partial(b, 2 * q, s)), v1 = split_hl(partial(b, 2 * q + 1, s));
+                asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" ::"l"((float*)acc + 4 * q), "f"(v0.x),
+                             "f"(v0.y), "f"(v1.x), "f"(v1.y) : "memory");
+            }
         } else if (MODE == EIGHTH) {
             for (int j = j0 + threadIdx.x; j < j0 + sl; j += NT)
                 mk_red_add_u64(acc + j, (unsigned long long)partial(b, j, s));
@@ -89,6 +114,11 @@ __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(NT, 1)
         __syncthreads();
         if (MODE == U32)
             for (int j = threadIdx.x; j < d; j += NT) carry += (float)(int)__ldcg((const unsigned*)acc + j);
+        else if (MODE == V2F || MODE == V4F)
+            for (int j = threadIdx.x; j < d; j += NT) {
+                const float2 v = __ldcg((const float2*)acc + j);
+                carry += v.x * 256.f + v.y;
+            }
         else
             for (int j = threadIdx.x; j < d; j += NT) carry += (float)mk_ld_cg_s64(acc + (size_t)j * stride_of(MODE));
         __syncthreads();
@@ -114,7 +144,11 @@ static double run(int grid, int d, unsigned long long* acc, unsigned* ctr, unsig
     cudaMemcpy(raw.data(), acc, raw.size() * sizeof(long long), cudaMemcpyDeviceToHost);
     result.resize(d);
     for (int j = 0; j < d; ++j)
-        result[j] = MODE == U32 ? (long long)((const int*)raw.data())[j] : raw[(size_t)j * stride_of(MODE)];
+        result[j] = MODE == U32 ? (long long)((const int*)raw.data())[j]
+                    : MODE == V2F || MODE == V4F
+                        ? (long long)((const float*)raw.data())[2 * j] * 256 +
+                              (long long)((const float*)raw.data())[2 * j + 1]
+                        : raw[(size_t)j * stride_of(MODE)];
     return h / 1e3 / (NS - 1);
 }
 
@@ -142,16 +176,18 @@ int main() {
             t[S4] = run<S4>(grid, d, acc, ctr, ns, sink, r[S4]);
             t[S16] = run<S16>(grid, d, acc, ctr, ns, sink, r[S16]);
             t[U32] = run<U32>(grid, d, acc, ctr, ns, sink, r[U32]);
+            t[V2F] = run<V2F>(grid, d, acc, ctr, ns, sink, r[V2F]);
+            t[V4F] = run<V4F>(grid, d, acc, ctr, ns, sink, r[V4F]);
         }
         const bool same = r[ALL] == r[STAGGER] && r[ALL] == r[CLUSTER] && r[ALL] == r[S4] && r[ALL] == r[S16] &&
-                          r[ALL] == r[U32];
+                          r[ALL] == r[U32] && r[ALL] == r[V2F] && r[ALL] == r[V4F];
         ok = ok && same;
         for (int m = 0; m < NMODES; ++m) {
             printf("%-6d %-8s %10.3f %12.3f\n", d, kNames[m], t[m], t[m] - t[NONE]);
             json += (json.size() > 1 ? ", \"" : "\"") + std::to_string(d) + "_" + kNames[m] +
                     "_us\": " + std::to_string(t[m]);
         }
-        printf("d %d: all / stagger / cluster / s4 / s16 / u32 accumulators %s\n", d, same ? "identical" : "DIFFER");
+        printf("d %d: every mode's accumulator (but none / eighth) %s\n", d, same ? "identical" : "DIFFER");
     }
     json += std::string(", \"identical\": ") + (ok ? "true" : "false") + "}";
     printf("%s\n", json.c_str());
