@@ -72,21 +72,14 @@ MK_DEV void attn_chunk_tc(const mk_bf16* qh, const mk_bf16* stk, const mk_bf16* 
     static_assert(MK_MAX_GROUP == 8 && HD % 32 == 0, "one m16 tile of q heads; 32-dim V loads");
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, r = lane >> 2, t = lane & 3;
     const int ntiles = (C + 7) >> 3;
-    const unsigned qa = mk_smem_addr(qh) + (unsigned)(((lane & 15) * QS + (lane >> 4) * 8) * 2);
+    const unsigned qa = attn_q_lane_addr<HD>(qh);
     float m = -INFINITY, l = 0.f, o[NJ][2];
 #pragma unroll
     for (int j = 0; j < NJ; ++j) o[j][0] = o[j][1] = 0.f;
     for (int nt = warp; nt < ntiles; nt += NW) {   // warp-uniform
         const int row = nt * 8 + (lane & 7);
-        const unsigned kb = mk_smem_addr(stk) + (unsigned)((row * QS + ((lane >> 3) & 1) * 8) * 2);
-        float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int ks = 0; ks < HD / 16; ++ks) {
-            unsigned a[4], b[2];
-            mk_ldsm_x2(kb + ks * 32, b);
-            mk_ldsm_x4(qa + ks * 32, a);
-            mk_mma_bf16(d, a, b);
-        }
+        float d[4];
+        attn_score_tile<HD>(qa, stk, nt, d);
         const int pp = nt * 8 + 2 * t;
         const bool in0 = pp < C, in1 = pp + 1 < C;
         const float s0 = in0 ? d[0] + d[2] : -INFINITY, s1 = in1 ? d[1] + d[3] : -INFINITY;
@@ -264,7 +257,8 @@ int main() {
     bool ok = true;
     for (const Case& c : cases) {
         const int qs = c.hd + MK_KPAD;
-        const int smem = (2 * MAXG + 2 * c.C) * qs * 2 + c.C * c.hd * 2 + MAXG * c.C * 4 + (1 + NW) * MAXG * (c.hd + 2) * 4;
+        const int smem = (2 * MAXG + 2 * c.C) * qs * 2 + c.C * c.hd * 2 + MAXG * c.C * 4 +
+                         (1 + NW) * MAXG * (c.hd + 2) * 4;   // q tile, K, V (both forms), scores, records + partials
         void (*k)(int, int, unsigned long long*, float*, int) = c.hd == 64 ? loop<64> : loop<128>;
         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         k<<<nsm, NT, smem>>>(c.g, c.C, ns, chk, c.tc);

@@ -22,22 +22,38 @@ MK_DEV void attn_q_store(mk_bf16* qh, int j, int i, float x) {
 // ldmatrix of K (8 positions x 16 dims: the B operand, K rows being its columns), one of the q tile, one mma. An
 // output (row r, position n) depends on q row r and K row n only: rows of heads >= g and positions >= C hold
 // whatever shared memory held (K rows past the chunk are read, inside the staging region) and are dropped.
+// The q tile's lane address (qh: attn_q_store's tile) for attn_score_tile.
+template <int HD>
+MK_DEV unsigned attn_q_lane_addr(const mk_bf16* qh) {
+    const int lane = threadIdx.x & 31;
+    return mk_smem_addr(qh) + (unsigned)(((lane & 15) * (HD + MK_KPAD) + (lane >> 4) * 8) * 2);
+}
+
+// The raw accumulator of 8-position tile nt (positions nt * 8 ..): d[0] / d[1] hold q head lane / 4's hi-row
+// products with positions nt * 8 + 2 (lane % 4) and + 1, d[2] / d[3] its lo-row ones (their sums are the scores).
+template <int HD>
+MK_DEV void attn_score_tile(unsigned qa, const mk_bf16* stk, int nt, float (&d)[4]) {
+    const int lane = threadIdx.x & 31;
+    const unsigned kb =
+        mk_smem_addr(stk) + (unsigned)(((nt * 8 + (lane & 7)) * (HD + MK_KPAD) + ((lane >> 3) & 1) * 8) * 2);
+    d[0] = d[1] = d[2] = d[3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < HD / 16; ++ks) {
+        unsigned a[4], b[2];
+        mk_ldsm_x2(kb + ks * 32, b);
+        mk_ldsm_x4(qa + ks * 32, a);
+        mk_mma_bf16(d, a, b);
+    }
+}
+
 template <int HD>
 MK_DEV void attn_scores_mma(const mk_bf16* qh, const mk_bf16* stk, float* sc, int g, int C, int cap) {
-    constexpr int QS = HD + MK_KPAD;
     static_assert(MK_MAX_GROUP == 8, "hi rows 0-7, lo rows 8-15 of one m16 tile");
     const int lane = threadIdx.x & 31;
-    const unsigned qa = mk_smem_addr(qh) + (unsigned)(((lane & 15) * QS + (lane >> 4) * 8) * 2);
+    const unsigned qa = attn_q_lane_addr<HD>(qh);
     for (int nt = threadIdx.x >> 5; nt * 8 < C; nt += NT / 32) {   // warp-uniform
-        const unsigned kb = mk_smem_addr(stk) + (unsigned)(((nt * 8 + (lane & 7)) * QS + ((lane >> 3) & 1) * 8) * 2);
-        float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int ks = 0; ks < HD / 16; ++ks) {
-            unsigned a[4], b[2];
-            mk_ldsm_x2(kb + ks * 32, b);
-            mk_ldsm_x4(qa + ks * 32, a);
-            mk_mma_bf16(d, a, b);
-        }
+        float d[4];
+        attn_score_tile<HD>(qa, stk, nt, d);
         const int r = lane >> 2, pp = nt * 8 + 2 * (lane & 3);
         if (r < g) {
             if (pp < C) sc[r * cap + pp] = d[0] + d[2];
