@@ -18,10 +18,6 @@ MK_DEV void attn_q_store(mk_bf16* qh, int j, int i, float x) {
     qh[(MK_MAX_GROUP + j) * (HD + MK_KPAD) + i] = mk_f2bf(x - mk_bf2f(hi));
 }
 
-// scores on the tensor cores (mma m16n8k16): warp w takes the 8-position tiles w, w + NW, ...; per 16 dims one
-// ldmatrix of K (8 positions x 16 dims: the B operand, K rows being its columns), one of the q tile, one mma. An
-// output (row r, position n) depends on q row r and K row n only: rows of heads >= g and positions >= C hold
-// whatever shared memory held (K rows past the chunk are read, inside the staging region) and are dropped.
 // The q tile's lane address (qh: attn_q_store's tile) for attn_score_tile.
 template <int HD>
 MK_DEV unsigned attn_q_lane_addr(const mk_bf16* qh) {
@@ -46,6 +42,10 @@ MK_DEV void attn_score_tile(unsigned qa, const mk_bf16* stk, int nt, float (&d)[
     }
 }
 
+// scores on the tensor cores (mma m16n8k16): warp w takes the 8-position tiles w, w + NW, ...; per 16 dims one
+// ldmatrix of K (8 positions x 16 dims: the B operand, K rows being its columns), one of the q tile, one mma. An
+// output (row r, position n) depends on q row r and K row n only: rows of heads >= g and positions >= C hold
+// whatever shared memory held (K rows past the chunk are read, inside the staging region) and are dropped.
 template <int HD>
 MK_DEV void attn_scores_mma(const mk_bf16* qh, const mk_bf16* stk, float* sc, int g, int C, int cap) {
     static_assert(MK_MAX_GROUP == 8, "hi rows 0-7, lo rows 8-15 of one m16 tile");
