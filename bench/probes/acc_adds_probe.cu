@@ -46,10 +46,12 @@ __host__ __device__ constexpr int stride_of(int mode) { return mode == S4 ? 4 : 
 
 MK_DEV long long partial(int b, int j, int s) { return (long long)((b * 131 + j * 7 + s) % 1000) - 500; }
 
-// v2f / v4f: an integer partial as (hi, lo) fp32, both exact; the accumulator holds element j at floats 2j, 2j + 1.
+// v2f / v4f: an integer partial as (hi, lo) fp32, both exact (n = hi 2^HL_BITS + lo); the accumulator holds element
+// j at floats 2j, 2j + 1.
+constexpr int HL_BITS = 8;
 MK_DEV float2 split_hl(long long n) {
-    const long long hi = n >> 8;   // floor(n / 2^8)
-    return make_float2((float)hi, (float)(n - (hi << 8)));
+    const long long hi = n >> HL_BITS;   // floor(n / 2^HL_BITS)
+    return make_float2((float)hi, (float)(n - (hi << HL_BITS)));
 }
 
 template <int MODE>
@@ -117,7 +119,7 @@ __global__ void __cluster_dims__(CS, 1, 1) __launch_bounds__(NT, 1)
         else if (MODE == V2F || MODE == V4F)
             for (int j = threadIdx.x; j < d; j += NT) {
                 const float2 v = __ldcg((const float2*)acc + j);
-                carry += v.x * 256.f + v.y;
+                carry += v.x * (float)(1 << HL_BITS) + v.y;
             }
         else
             for (int j = threadIdx.x; j < d; j += NT) carry += (float)mk_ld_cg_s64(acc + (size_t)j * stride_of(MODE));
@@ -146,7 +148,7 @@ static double run(int grid, int d, unsigned long long* acc, unsigned* ctr, unsig
     for (int j = 0; j < d; ++j)
         result[j] = MODE == U32 ? (long long)((const int*)raw.data())[j]
                     : MODE == V2F || MODE == V4F
-                        ? (long long)((const float*)raw.data())[2 * j] * 256 +
+                        ? (long long)((const float*)raw.data())[2 * j] * (1 << HL_BITS) +
                               (long long)((const float*)raw.data())[2 * j + 1]
                         : raw[(size_t)j * stride_of(MODE)];
     return h / 1e3 / (NS - 1);
