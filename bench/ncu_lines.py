@@ -8,6 +8,9 @@ Reports: the lines with most samples and their main stall reasons, the same per 
 (an integer division by a run-time divisor starts with I2F...RP: ~20 dependent instructions), with the samples of
 the instructions around each. Session 24 found ~0.45 us of each layer's attention in divisions this way.
 usage: python3 bench/ncu_lines.py <ncu_shape.csv> [top N lines, default 40]; prints tables, then one JSON line.
+       python3 bench/ncu_lines.py --compare <base.csv> <other.csv> [top N]: the lines whose samples or executed
+       instructions differ most between two builds of the same launch (lines matched by file and source text, since
+       a patch moves line numbers), then one JSON line.
 """
 from __future__ import annotations
 
@@ -107,6 +110,40 @@ def summary(lines: dict[tuple[str, int], Line], sass: list[Sass], top: int = 40)
                    if d["samples"]])
 
 
+def compare(a: dict[tuple[str, int], Line], b: dict[tuple[str, int], Line], top: int = 30) -> dict:
+    """Per (file, source text) the samples and executed instructions of two profiles (a line inlined in several
+    places, or one text on several lines, adds up), the `top` whose samples differ most, and the totals."""
+    def by_text(lines):
+        out: dict[tuple[str, str], list[int]] = {}
+        for ln in lines.values():
+            v = out.setdefault((ln.file, ln.source.strip()), [0, 0])
+            v[0] += ln.samples
+            v[1] += ln.executed
+        return out
+    ta, tb = by_text(a), by_text(b)
+    keys = sorted(set(ta) | set(tb), key=lambda k: -abs(tb.get(k, [0, 0])[0] - ta.get(k, [0, 0])[0]))
+    rows = [dict(file=k[0], source=k[1][:80], samples=[ta.get(k, [0, 0])[0], tb.get(k, [0, 0])[0]],
+                 executed=[ta.get(k, [0, 0])[1], tb.get(k, [0, 0])[1]]) for k in keys[:top]]
+    tot = [sum(v[0] for v in t.values()) for t in (ta, tb)]
+    ex = [sum(v[1] for v in t.values()) for t in (ta, tb)]
+    return dict(total_samples=tot, total_executed=ex, lines=rows)
+
+
+def main_compare(pa: str, pb: str, top: int) -> None:
+    profiles = []
+    for path in (pa, pb):
+        with open(path, newline="") as f:
+            profiles.append(parse(csv.reader(f))[0])
+    c = compare(*profiles, top)
+    print(f"samples {c['total_samples'][0]} -> {c['total_samples'][1]}, executed instructions "
+          f"{c['total_executed'][0]} -> {c['total_executed'][1]}")
+    print(f"{'d samples':>9s} {'base':>8s} {'other':>8s}  {'executed base':>14s} {'other':>14s}  file: source")
+    for r in c["lines"]:
+        (sa, sb), (ea, eb) = r["samples"], r["executed"]
+        print(f"{sb - sa:+9d} {sa:8d} {sb:8d}  {ea:14d} {eb:14d}  {r['file']}: {r['source']}")
+    print(json.dumps({"bench": "ncu-compare", **c}))
+
+
 def main(path: str, top: int) -> None:
     with open(path, newline="") as f:
         lines, sass = parse(csv.reader(f))
@@ -123,4 +160,7 @@ def main(path: str, top: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 40)
+    if sys.argv[1] == "--compare":
+        main_compare(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 30)
+    else:
+        main(sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 40)

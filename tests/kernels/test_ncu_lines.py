@@ -1,5 +1,5 @@
 """bench/ncu_lines.py reads Nsight Compute's source CSV (CUDA lines, each followed by its SASS rows)."""
-from bench.ncu_lines import division_sites, parse, summary
+from bench.ncu_lines import compare, division_sites, parse, summary
 
 METRICS = ["Warp Stall Sampling (All Samples)", "# Samples", "Instructions Executed", "stall_barrier",
            "stall_long_sb", "stall_wait", "stall_barrier (Not Issued)"]
@@ -51,3 +51,24 @@ def test_summary_ranks_lines_and_files_and_finds_the_divisions():
     sites = division_sites(instrs, before=0, after=2)
     # the unpredicated and the predicated I2F...RP both count; each with its own and the next instruction's samples
     assert [(d["where"], d["samples"]) for d in sites] == [("mk_attention.cuh:11", 30), ("mk_attention.cuh:12", 10)]
+
+
+def test_compare_matches_lines_by_source_text_across_moved_line_numbers():
+    """Two builds of one launch: a patch moved line 112 to 130 and added a line; compare pairs lines by file and
+    text, so the moved line's change is its samples' difference, and the new line counts from zero."""
+    base, _ = parse(ROWS)
+    moved = [list(r) for r in ROWS]
+    for r in moved:
+        if r[0] == "112":
+            r[0] = "130"
+    moved[3] = cuda(130, "const bool ok = sflag[2] != 0;", 90, 1200, barrier=90)   # the first copy: 60 -> 90
+    moved.insert(6, sass(0x118, "NOP", 0, 10))
+    moved.append(cuda(140, "new line", 7, 70, wait=7))
+    other, _ = parse(moved)
+    c = compare(base, other, top=10)
+    rows = {(r["file"], r["source"]): r for r in c["lines"]}
+    ok = rows[("mk_block.cuh", "const bool ok = sflag[2] != 0;")]
+    assert ok["samples"] == [65, 95] and ok["executed"] == [1000, 1200]
+    assert rows[("mk_block.cuh", "new line")]["samples"] == [0, 7]
+    assert c["lines"][0]["source"] == "const bool ok = sflag[2] != 0;"   # the largest difference first
+    assert c["total_samples"] == [105, 142]
