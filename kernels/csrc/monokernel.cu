@@ -44,7 +44,12 @@ MK_DEV void trace(const MkParams& p, int step, int ii, int k) {
 
 // ---------------------------------------------------------------- weight prefetch
 // Weights do not depend on data: before spinning on an instruction's inputs, ask L2 for the first
-// prefetch_bytes of its weight rows (they are contiguous), so the matvec starts on L2 hits.
+// prefetch_bytes of its weight rows (they are contiguous), so the matvec starts on L2 hits. Measured slower or equal
+// whenever tried (bench/NOTES.md sessions 2, 18, 24): the run-time default is off, and its ~1,500 SASS instructions
+// sit in the instruction loop all the same. KOG_NVCC_FLAGS="-DMK_L2_PREFETCH=0" builds the kernel without them.
+#ifndef MK_L2_PREFETCH
+#define MK_L2_PREFETCH 1
+#endif
 MK_DEV void prefetch_rows(const mk_bf16* base, size_t row0, int rows, int K, int budget) {
     const size_t bytes = (size_t)rows * K * 2;
     const unsigned n = (unsigned)(bytes < (size_t)budget ? bytes : (size_t)budget) & ~15u;
@@ -163,7 +168,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
 #endif
             const bool pre = R > 0 && p.early_loads && !screened;
             if (pre) mv_load(m, R, K, threadIdx.x >> 5, w, cb);   // in flight while we wait
-            if (p.prefetch_bytes > 0) prefetch_instr(p, layers, ins);
+            if (MK_L2_PREFETCH && p.prefetch_bytes > 0) prefetch_instr(p, layers, ins);
             if (op == MK_OP_ATTN) {   // cached K/V rows in flight while we wait, like a matvec's weights
                 attn_prefetch<MK_HEAD_DIM>(p, ins, pos, sm, attn_st);
             }
