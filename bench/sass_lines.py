@@ -4,8 +4,8 @@ and lines are matched between builds by file and source text (a patch moves line
 
 Why: a kernel change of a few us usually also costs several us in code it does not touch (bench/NOTES.md, sessions
 16-20 and 27); Nsight Compute's executed-instruction counts (bench/ncu_lines.py --compare) locate that on the device,
-and this shows the same growth statically before any device time is spent (session 27: 95's cluster build has 80
-more instructions on the matvec's weight-load line, whose executed count ncu put at +33 %).
+and this shows the same growth statically before any device time is spent (session 27: the ATTNQ patches' cluster
+builds have 74-80 more instructions on the matvec's weight-load line, whose executed count ncu put at +33 % for 94).
 
 usage: python3 bench/sass_lines.py <lib.so> <source root> [<other lib.so> <other source root>] [--top N]
   one build: the lines with most instructions; two: the lines whose counts differ most, then one JSON line.
