@@ -17,7 +17,7 @@ from __future__ import annotations
 import csv
 import json
 import sys
-from collections import Counter
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 
@@ -114,16 +114,16 @@ def compare(a: dict[tuple[str, int], Line], b: dict[tuple[str, int], Line], top:
     """Per (file, source text) the samples and executed instructions of two profiles (a line inlined in several
     places, or one text on several lines, adds up), the `top` whose samples differ most, and the totals."""
     def by_text(lines):
-        out: dict[tuple[str, str], list[int]] = {}
+        out: defaultdict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
         for ln in lines.values():
-            v = out.setdefault((ln.file, ln.source.strip()), [0, 0])
+            v = out[(ln.file, ln.source.strip())]
             v[0] += ln.samples
             v[1] += ln.executed
         return out
     ta, tb = by_text(a), by_text(b)
-    keys = sorted(set(ta) | set(tb), key=lambda k: -abs(tb.get(k, [0, 0])[0] - ta.get(k, [0, 0])[0]))
-    rows = [dict(file=k[0], source=k[1][:80], samples=[ta.get(k, [0, 0])[0], tb.get(k, [0, 0])[0]],
-                 executed=[ta.get(k, [0, 0])[1], tb.get(k, [0, 0])[1]]) for k in keys[:top]]
+    keys = sorted(set(ta) | set(tb), key=lambda k: (-abs(tb[k][0] - ta[k][0]), k))   # ties in a fixed order
+    rows = [dict(file=k[0], source=k[1][:80], samples=[ta[k][0], tb[k][0]], executed=[ta[k][1], tb[k][1]])
+            for k in keys[:top]]
     tot = [sum(v[0] for v in t.values()) for t in (ta, tb)]
     ex = [sum(v[1] for v in t.values()) for t in (ta, tb)]
     return dict(total_samples=tot, total_executed=ex, lines=rows)
