@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import statistics
 
-STAGE_ORDER = ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN", "MLP")   # MLP: the fused schedule's last stage
+STAGE_ORDER = ("QKV", "ATTN", "ATTNQ", "OPROJ", "GATEUP", "DOWN", "MLP")   # MLP: the fused schedule's last stage
 
 
 def stage_table(records: list[dict], op_names: dict[int, str]) -> dict:
@@ -38,7 +38,7 @@ def stage_table(records: list[dict], op_names: dict[int, str]) -> dict:
         rs = stages[key]
         ready = min(r["t_ready"] for r in rs)
         done = max(r["t_done"] for r in rs)
-        busy = [r for r in rs if r.get("t_q") is not None] if op_names[rs[0]["op"]] == "ATTN" else rs
+        busy = [r for r in rs if r.get("t_q") is not None] if op_names[rs[0]["op"]] in ("ATTN", "ATTNQ") else rs
         dones = sorted(r["t_done"] for r in (busy or rs))
         d = per_op.setdefault(op_names[rs[0]["op"]], {"hop_us": [], "span_us": [], "spread_us": [], "prep_us": [],
                                                        "prep_max_us": [], "mv_us": [], "mv_max_us": []})

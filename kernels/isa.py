@@ -27,6 +27,14 @@ OPS = {
     # as GATEUP, then this slice's DOWN partial of all d rows (Wd^T rows a0 .. a0 + a1) added to acc[] in fixed
     # point (ACC_FRAC_BITS): integer adds, so the sum does not depend on the order the SMs add in.
     "MLP": 8,
+    # Cluster launch with schedule.build(qkv_parts=P): QKV inside the attention clusters. One (kv head, part, split)
+    # on rank `split` of a cluster: RMSNorm(x) -> its rank's share of the part's q / k / v rows (the part's q heads,
+    # then the kv head's k and v rows), pushed to every rank of the cluster over DSMEM; then the part's q heads'
+    # attention partial over the split's positions (part 0's split holding pos appends K/V) and the cluster combine
+    # into attn[] as ATTN's. a0 / a1: the rank's first row and row count in W_qkv's ATTNQ order
+    # (schedule.attnq_order; the runtime keeps W_qkv so), as a QKV instruction's; sig_ctr: the part's first q head
+    # (of the group) | its q head count << 8 | kv head << 16 | split << 24; aux: ATTN_DONE.
+    "ATTNQ": 9,
 }
 FIELDS = ("op", "layer", "a0", "a1", "wait_ctr", "wait_n", "sig_ctr", "aux")
 INSTR_WORDS = len(FIELDS)

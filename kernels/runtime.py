@@ -16,8 +16,8 @@ import torch
 
 from . import isa
 from .build import build
-from .schedule import (Dims, Schedule, attn_split_defaults, build as build_schedule, sampler_fits,
-                       smem_layout)
+from .schedule import (Dims, Schedule, attn_split_defaults, attnq_order, build as build_schedule,
+                       qkv_parts_default, sampler_fits, smem_layout)
 
 log = logging.getLogger("kernels")
 
@@ -113,6 +113,7 @@ class Monokernel:
                  n_sm: int | None = None, sched: Schedule | None = None, tp_build: bool = False,
                  fused_mlp: bool | None = None, attn_cluster: int = 0,
                  n_splits: int | None = None, kv_stage_cap: int | None = None, side: bool | None = None,
+                 qkv_parts: int | None = None,
                  lm_screen: bool | None = None):
         """sched: a prebuilt schedule for this model's shape and n_sm (tensor parallelism passes one whose
         exchanged waits count every rank's producers, and tp_build: the library variant with the exchange:
@@ -130,6 +131,9 @@ class Monokernel:
         guarantees that two launches are resident together: the main launch waits side_wait_ns for the side's CTAs
         and else runs alone on its own schedule (mk_block.cuh side_verdict; logged, counted in side_alone).
         Measured on 0.5B (bench/NOTES.md, session 23): -6 us/token at ctx 512 against the same build without it.
+        qkv_parts (with attn_cluster): the ATTNQ layout (schedule.build(qkv_parts=...)): QKV computed inside the
+        attention clusters, each kv head's q heads in that many parts, one cluster each (0: QKV + ATTN; default:
+        schedule.qkv_parts_default with clusters, else 0).
         lm_screen (default: on where it can run): the screened LM head (kernels/lm_screen.py) for launches that
         need no logits output and no top-p; it keeps an int8 copy of the LM head (vocab x d bytes). lm_mode says
         which head the last launch ran and why.
@@ -137,7 +141,7 @@ class Monokernel:
         block; the caller's comes back after."""
         with torch.cuda.device(model.device):
             self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp, attn_cluster,
-                       n_splits, kv_stage_cap, side)
+                       n_splits, kv_stage_cap, side, qkv_parts)
             self._init_lm_screen(lm_screen, tp_build)
 
     def _init_lm_screen(self, want: bool | None, tp_build: bool) -> None:
@@ -170,7 +174,7 @@ class Monokernel:
         self._lm_logged: set[str] = set()
 
     def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp,
-              attn_cluster, n_splits, kv_stage_cap=None, side=None) -> None:
+              attn_cluster, n_splits, kv_stage_cap=None, side=None, qkv_parts=None) -> None:
         self.lib = lib = load_library(tp_build, attn_cluster > 0, head_dim=model.cfg.head_dim)
         self.model, self.cfg = model, model.cfg
         dev = model.device
@@ -203,11 +207,14 @@ class Monokernel:
         self.sched_alone: Schedule | None = None   # with a side launch: the main launch's own schedule
         if sched is None:
             fused_mlp = not tp_build if fused_mlp is None else fused_mlp
+            if qkv_parts is None:
+                qkv_parts = qkv_parts_default(self.dims, attn_cluster, self.n_main // attn_cluster) \
+                    if attn_cluster else 0
             sched = build_schedule(self.dims, self.n_sm, n_splits, fused_mlp=fused_mlp, cluster=attn_cluster,
-                                   cluster_ctas=self.n_main if attn_cluster else None)
+                                   cluster_ctas=self.n_main if attn_cluster else None, qkv_parts=qkv_parts)
             if self.n_side:
                 self.sched_alone = build_schedule(self.dims, self.n_main, n_splits, fused_mlp=fused_mlp,
-                                                  cluster=attn_cluster)
+                                                  cluster=attn_cluster, qkv_parts=qkv_parts)
         self.sched: Schedule = sched
         self.fused_mlp = sched.fused_mlp
         # Attention staging after the working buffers (mk_attention.cuh): per position its K row (bf16, padded by
@@ -217,8 +224,8 @@ class Monokernel:
         max_len = k_cache.shape[3]
         # the cluster build's receive region for the combine is static shared memory (monokernel.cu cl_recv,
         # MK_RECV_FLOATS: MAX_GROUP x head_dim o values + (max, denominator) pairs of MAX_GROUP heads for up to 16
-        # splits)
-        recv_floats = isa.MAX_GROUP * cfg.head_dim + 16 * 2 * isa.MAX_GROUP
+        # splits) and ATTNQ's q / k / v rows (cl_qkv, MK_QKV_RECV_FLOATS: (MAX_GROUP + 2) x head_dim)
+        recv_floats = isa.MAX_GROUP * cfg.head_dim + 16 * 2 * isa.MAX_GROUP + (isa.MAX_GROUP + 2) * cfg.head_dim
         optin = smem_optin(props) - (4 * recv_floats if attn_cluster else 0)
         try:
             self.smem_layout = lay = smem_layout(self.sched, max_len, optin, kv_stage_cap, alone=self.sched_alone)
@@ -247,11 +254,16 @@ class Monokernel:
             return t2
 
         self.layer_tab = (MkLayer * cfg.n_layers)()
+        # ATTNQ (qkv_parts): W_qkv and its bias in the parts' order, each part one run of rows (schedule.attnq_order)
+        order = torch.tensor(attnq_order(self.dims, self.sched.qkv_parts), device=dev) if self.sched.qkv_parts else None
         for i, lw in enumerate(model.layers):
             # the fused MLP reads Wd^T (its DOWN share is a slice of Wd's columns): one transposed copy per layer
             wdt = w(lw.wd.t()) if self.fused_mlp else None
-            self.layer_tab[i] = MkLayer(_ptr(w(lw.ln1, torch.float32)), _ptr(w(lw.wqkv)),
-                                        _ptr(w(lw.bqkv, torch.float32)), _ptr(w(lw.wo)),
+            wqkv, bqkv = lw.wqkv, lw.bqkv
+            if order is not None:
+                wqkv, bqkv = wqkv[order], (bqkv[order] if bqkv is not None else None)
+            self.layer_tab[i] = MkLayer(_ptr(w(lw.ln1, torch.float32)), _ptr(w(wqkv)),
+                                        _ptr(w(bqkv, torch.float32)), _ptr(w(lw.wo)),
                                         _ptr(w(lw.ln2, torch.float32)), _ptr(w(lw.wgu)), _ptr(w(lw.wd)), _ptr(wdt))
         self.layers_dev = torch.frombuffer(bytearray(bytes(self.layer_tab)), dtype=torch.uint8).to(dev)
         self.embed = w(model.embed)
@@ -311,7 +323,9 @@ class Monokernel:
                  ">= %d positions each, at most max(%d, one staged chunk each)), %d B shared memory, %s MLP, %s",
                  self.n_sm, isa.NTHREADS, len(ins), sc.n_splits, self.attn_min_pos, self.attn_min_splits, self.smem,
                  "fused" if self.fused_mlp else "GATEUP + DOWN",
-                 f"attention combined in clusters of {self.attn_cluster}" if self.attn_cluster else "no clusters")
+                 (f"attention combined in clusters of {self.attn_cluster}"
+                  + (f", QKV inside them ({sc.qkv_parts} parts per kv head)" if sc.qkv_parts else ""))
+                 if self.attn_cluster else "no clusters")
         if self.n_side:
             log.info("monokernel: side launch of %d CTAs on the SMs the clusters leave idle (%d instructions/step "
                      "with it, %d alone)", self.n_side, len(ins), int(self.instr_alone.shape[0]))

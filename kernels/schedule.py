@@ -64,6 +64,7 @@ class Schedule:
     fused_mlp: bool = False           # MLP instructions instead of GATEUP + DOWN (one GPU only)
     cluster: int = 0                  # CTAs per thread-block cluster (0: none); see build
     cluster_ctas: int = 0             # with cluster: the clustered CTAs, the first ones (the rest: a side launch)
+    qkv_parts: int = 0                # with cluster: parts per kv head of the ATTNQ layout (0: QKV + ATTN); see build
 
     @property
     def n_lm(self) -> int:
@@ -239,14 +240,71 @@ def mlp_partial_floats(d: int) -> int:
     return (isa.NTHREADS // nch if nch < isa.NTHREADS else 1) * d
 
 
+def qkv_part_heads(group: int, parts: int) -> list[tuple[int, int]]:
+    """(first q head, q heads) of each part of a kv head's group in the ATTNQ layout: as even as possible, the larger
+    parts first (7 q heads in 3 parts: 3, 2, 2)."""
+    if not 1 <= parts <= group:
+        raise ValueError(f"{parts} parts of {group} q heads")
+    out, j0 = [], 0
+    for k in range(parts):
+        gq = group // parts + (1 if k < group % parts else 0)
+        out.append((j0, gq))
+        j0 += gq
+    return out
+
+
+def attnq_rows(dims: Dims, gq: int) -> int:
+    """q / k / v rows of an ATTNQ part with gq q heads: its q heads' rows, then the kv head's k and v rows."""
+    return (gq + 2) * dims.head_dim
+
+
+def attnq_row(dims: Dims, head: int, j0: int, gq: int, r: int) -> int:
+    """The [q; k; v] weight row of row r of the part (kv head, first q head j0, gq q heads)."""
+    hd = dims.head_dim
+    if r < gq * hd:
+        return (head * dims.group + j0) * hd + r
+    if r < (gq + 1) * hd:
+        return dims.q_dim + head * hd + r - gq * hd
+    return dims.q_dim + dims.kv_dim + head * hd + r - (gq + 1) * hd
+
+
+def qkv_parts_default(dims: Dims, cluster: int, n_clusters: int) -> int:
+    """The ATTNQ layout's parts per kv head a cluster launch starts with (runtime.Monokernel qkv_parts=None): the
+    most that the clusters hold (a cluster per part) whose rows per rank all fit one early-load batch of the matvec
+    (2 rows per warp); 0 (QKV + ATTN) when none does. The most, not the fewest: on the 0.5B shape 3 parts ran
+    542 us/token at context 512 against 560 for 2 and 552 for QKV + ATTN (bench/NOTES.md, session 28: with 2 parts
+    the MLP's adds took 2.0 us per layer instead of 1.2-1.4)."""
+    for parts in range(min(dims.group, n_clusters // max(dims.n_kv, 1)), 0, -1):
+        heads = qkv_part_heads(dims.group, parts)
+        rq = [attnq_rows(dims, gq) for _, gq in heads]
+        if all(r % cluster == 0 and (gq * dims.head_dim) % 32 == 0 and r // cluster <= 2 * isa.NWARPS
+               for r, (_, gq) in zip(rq, heads)):
+            return parts
+    return 0
+
+
+def attnq_order(dims: Dims, parts: int) -> list[int]:
+    """The [q; k; v] weight rows in the ATTNQ layout's order (runtime.Monokernel keeps W_qkv and its bias this way):
+    for each kv head, each part's rows (attnq_row) one after the other, so a part is one run of rows starting at
+    head_dim x (h (group + 2 parts) + its first q head + 2 x its index); each part has its own copy of the kv head's
+    k and v rows. An ATTNQ instruction's a0 / a1 are its rank's rows there, as a QKV instruction's in W_qkv."""
+    return [attnq_row(dims, h, j0, gq, r) for h in range(dims.n_kv) for j0, gq in qkv_part_heads(dims.group, parts)
+            for r in range(attnq_rows(dims, gq))]
+
+
 def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = False, cluster: int = 0,
-          cluster_ctas: int | None = None) -> Schedule:
+          cluster_ctas: int | None = None, qkv_parts: int = 0) -> Schedule:
     """cluster > 0: the kernel runs in thread-block clusters of that many CTAs and each kv head's attention has
     exactly `cluster` splits, split s on rank s of one cluster (the head's cluster rotates with the layer); every split
     merges its share of the head's outputs over distributed shared memory and signals ATTN_DONE
     (mk_attention.cuh attn_cluster_combine). The clusters are the first cluster_ctas CTAs (default n_sm; a multiple
     of `cluster`); the CTAs after them are a side launch without clusters (runtime.Monokernel(side=True)), which
-    takes every kind of instruction but ATTN."""
+    takes every kind of instruction but ATTN.
+    qkv_parts = P > 0 (with cluster): no QKV stage; each kv head's q heads are cut into P parts (qkv_part_heads) and
+    each part runs as ATTNQ instructions on one cluster (split s on rank s), which compute the part's q / k / v rows
+    themselves (rank r its r-th 1 / cluster of them) and share them over distributed shared memory: the QKV -> ATTN
+    handoff through L2 and the counters is gone; k and v are computed by each of a kv head's P clusters. The
+    n_kv x P parts of a layer take distinct clusters, rotating with the layer."""
     if cluster:
         if cluster not in (2, 4, 8, 16):
             raise ValueError(f"cluster {cluster}: 2, 4, 8 or 16 CTAs")
@@ -257,6 +315,15 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
         if (dims.group * dims.head_dim) % 32:
             raise ValueError("cluster attention needs q heads x head_dim per kv head a multiple of 32")
         n_splits = cluster
+    if qkv_parts:
+        if not cluster:
+            raise ValueError("qkv_parts needs a cluster launch")
+        if dims.n_kv * qkv_parts > cluster_ctas // cluster:
+            raise ValueError(f"qkv_parts {qkv_parts}: {dims.n_kv} x {qkv_parts} parts need as many clusters "
+                             f"({cluster_ctas // cluster})")
+        for j0, gq in qkv_part_heads(dims.group, qkv_parts):
+            if attnq_rows(dims, gq) % cluster or (gq * dims.head_dim) % 32:
+                raise ValueError(f"qkv_parts {qkv_parts}: a part of {gq} q heads does not split over {cluster} ranks")
     if dims.d % 8 or dims.ffn % 8 or dims.q_dim % 8:
         raise ValueError("hidden, ffn and q dims must be multiples of 8 (16-byte weight loads)")
     if dims.n_heads % dims.n_kv:
@@ -284,10 +351,17 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
     if fused_mlp:   # an MLP instruction takes a GATEUP instruction's rows; no DOWN instructions
         rows["MLP"], counts["MLP"] = rows.pop("GATEUP"), counts.pop("GATEUP")
         del rows["DOWN"], counts["DOWN"]
+    parts = qkv_part_heads(dims.group, qkv_parts) if qkv_parts else []
+    if parts:   # ATTNQ instead of QKV and ATTN: a rank's share of its part's rows
+        del rows["QKV"], counts["QKV"]
+        rows["ATTNQ"] = max(attnq_rows(dims, gq) for _, gq in parts) // cluster
+        counts["ATTN"] = dims.n_kv * qkv_parts * cluster
+        if not _red_fits(rows["ATTNQ"], dims.d, 1):
+            raise ValueError(f"qkv_parts {qkv_parts}: {rows['ATTNQ']} rows per rank do not fit the partial sums")
     L = dims.n_layers
     sched = Schedule(dims=dims, n_sm=n_sm, n_splits=n_splits, rows=rows, counts=counts,
                      per_sm=[[] for _ in range(n_sm)], n_counters=isa.n_counters(L, dims.n_kv), fused_mlp=fused_mlp,
-                     cluster=cluster, cluster_ctas=cluster_ctas if cluster else 0)
+                     cluster=cluster, cluster_ctas=cluster_ctas if cluster else 0, qkv_parts=qkv_parts)
     # the stage whose counter the residual's consumers (next QKV, LMHEAD) wait for, and its producers per step
     last, last_ctr = ("MLP", isa.CTR_GATEUP) if fused_mlp else ("DOWN", isa.CTR_DOWN)
     cursor = 0
@@ -324,6 +398,24 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
             w_ctr, w_n = tok, 1
         else:
             w_ctr, w_n = ci(layer - 1, last_ctr), counts[last]
+        if parts:   # part u = h P + k of this layer on cluster (layer n_kv P + u) mod n_clusters, split s on rank s
+            n_cl, P = cluster_ctas // cluster, len(parts)
+            for h in range(dims.n_kv):
+                for k, (j0, gq) in enumerate(parts):
+                    c = (layer * dims.n_kv * P + h * P + k) % n_cl
+                    row0 = (h * (dims.group + 2 * P) + j0 + 2 * k) * dims.head_dim   # the part in attnq_order
+                    rr = attnq_rows(dims, gq) // cluster
+                    for sp in range(cluster):
+                        sched.per_sm[c * cluster + sp].append(
+                            (isa.OPS["ATTNQ"], layer, row0 + sp * rr, rr, w_ctr, w_n, j0 | gq << 8 | h << 16 | sp << 24,
+                             ci(layer, isa.CTR_ATTN_DONE)))
+            cursor += counts["ATTN"]
+            emit(matvec("OPROJ", layer, ci(layer, isa.CTR_ATTN_DONE), counts["ATTN"], ci(layer, isa.CTR_OPROJ)))
+            emit(matvec("MLP" if fused_mlp else "GATEUP", layer, ci(layer, isa.CTR_OPROJ), counts["OPROJ"],
+                        ci(layer, isa.CTR_GATEUP)))
+            if not fused_mlp:
+                emit(matvec("DOWN", layer, ci(layer, isa.CTR_GATEUP), counts["GATEUP"], ci(layer, isa.CTR_DOWN)))
+            continue
         emit(matvec("QKV", layer, w_ctr, w_n, ci(layer, isa.CTR_QKV)))
         c0 = cursor
         attn = [(isa.OPS["ATTN"], layer, h, s, ci(layer, isa.CTR_QKV), counts["QKV"],
@@ -414,6 +506,9 @@ def check(sched: Schedule) -> None:
     order = {}  # (layer, op) -> global rank
     rank = 0
     stages = ("QKV", "ATTN", "OPROJ", "MLP") if sched.fused_mlp else ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN")
+    parts = qkv_part_heads(dm.group, sched.qkv_parts) if sched.qkv_parts else []
+    if parts:
+        stages = ("ATTNQ",) + stages[2:]
     for layer in range(L):
         for op in stages:
             order[(layer, isa.OPS[op])] = rank
@@ -423,13 +518,13 @@ def check(sched: Schedule) -> None:
     signallers: dict[int, int] = {}
     covered: dict[tuple[int, int], np.ndarray] = {}
     sizes = {"QKV": dm.q_dim + 2 * dm.kv_dim, "OPROJ": dm.d, "GATEUP": dm.ffn, "DOWN": dm.d, "LMHEAD": dm.vocab,
-             "ATTN": dm.n_kv * sched.n_splits, "MLP": dm.ffn}
+             "ATTN": dm.n_kv * sched.n_splits, "MLP": dm.ffn, "ATTNQ": dm.n_kv * len(parts) * sched.n_splits}
     for sm, lst in enumerate(sched.per_sm):
         last = -1
         for ins in lst:
             op, layer, a0, a1, wc, wn, sc, aux = ins
-            assert not (sched.cluster_ctas and op == isa.OPS["ATTN"] and sm >= sched.cluster_ctas), \
-                f"ATTN on side-launch CTA {sm}"
+            assert not (sched.cluster_ctas and op in (isa.OPS["ATTN"], isa.OPS["ATTNQ"]) and
+                        sm >= sched.cluster_ctas), f"ATTN on side-launch CTA {sm}"
             r = order[(layer, op)]
             assert r >= last, f"SM list out of global order at {ins}"
             last = r
@@ -438,6 +533,15 @@ def check(sched: Schedule) -> None:
             if name == "ATTN":
                 cov[a0 * sched.n_splits + a1] += 1
                 signallers[aux] = signallers.get(aux, 0) + 1   # every split, after its slice of the merge
+            elif name == "ATTNQ":   # split sc >> 24 of part (kv head (sc >> 16) & 255, q heads sc & 255 ..)
+                j0, gq, h, sp = sc & 255, (sc >> 8) & 255, (sc >> 16) & 255, sc >> 24
+                k = parts.index((j0, gq))
+                assert sm % sched.cluster == sp, f"{ins}: split {sp} on rank {sm % sched.cluster}"
+                rr = attnq_rows(dm, gq) // sched.cluster
+                assert (a0, a1) == ((h * (dm.group + 2 * len(parts)) + j0 + 2 * k) * dm.head_dim + sp * rr, rr), \
+                    f"{ins}: not its rank's rows of the part"
+                cov[(h * len(parts) + k) * sched.n_splits + sp] += 1
+                signallers[aux] = signallers.get(aux, 0) + 1
             elif name == "SAMPLE":
                 cov[0] += 1
                 signallers[sc] = signallers.get(sc, 0) + 1

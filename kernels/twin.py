@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from . import isa
 from .sampling_rng import gumbel
-from .schedule import Schedule, attn_splits_in_use
+from .schedule import Schedule, attn_splits_in_use, attnq_row, attnq_rows
 
 EMBED = 0   # pseudo-stage tag for the embedding written by the prologue / SAMPLE
 
@@ -127,10 +127,17 @@ class Twin:
         step_of = [0] * sc.n_sm
         done = [False] * sc.n_sm
         n_run = 0
+        # ATTNQ (schedule qkv_parts): each part's pushed q / k / v shares by rank, the SM's part once it has pushed
+        # (it waits for the other ranks' shares), and the part's split partials
+        blocks: dict[tuple, dict[int, torch.Tensor]] = {}
+        pushed: list[tuple | None] = [None] * sc.n_sm
+        qparts: dict[tuple, dict[int, tuple]] = {}
 
         def runnable(i):
             if done[i]:
                 return False
+            if pushed[i] is not None:   # an ATTNQ waiting for its cluster's other ranks' shares
+                return len(blocks[pushed[i]]) == sc.cluster
             s = step_of[i]
             if ptr[i] == 0 and ctr[tok_ctr] < s + 1:
                 return False
@@ -151,7 +158,12 @@ class Twin:
                 continue
             lst = sc.per_sm[i]
             if lst:
-                self._exec(lst[ptr[i]], s, pos0 + s, locals())
+                ins = lst[ptr[i]]
+                if pushed[i] is None and ins[0] == isa.OPS["ATTNQ"]:
+                    pushed[i] = self._push_qkv(ins, i, s, locals())
+                    continue
+                self._exec(ins, s, pos0 + s, locals())
+                pushed[i] = None
                 n_run += 1
                 ptr[i] += 1
             if not lst or ptr[i] == len(lst):
@@ -232,6 +244,10 @@ class Twin:
                 tags["attn"][head * g * hd:(head + 1) * g * hd] = _tag(step, layer, op)
             ctr[aux] += 1
             return
+        elif name == "ATTNQ":
+            self._attnq(ins, step, pos, env)
+            ctr[aux] += 1
+            return
         elif name == "OPROJ":
             self._expect(tags["attn"], _tag(step, layer, isa.OPS["ATTN"]), "attn", ins)
             r = slice(a0, a0 + a1)
@@ -276,6 +292,81 @@ class Twin:
             self._expect(tags["logits"], _tag(step, 0, isa.OPS["LMHEAD"]), "logits", ins)
             self._sample(step, env)
         ctr[sig] += 1
+
+    def _push_qkv(self, ins, i: int, step: int, env) -> tuple:
+        """The first part of an ATTNQ instruction on SM i: its rank's share of the part's q / k / v rows
+        (schedule.attnq_row) from RMSNorm(x + the last MLP's output), pushed to its cluster; returns the part's key,
+        which the SM then waits on until every rank has pushed."""
+        dm, sc = self.dm, self.s
+        layer, j0, gq, head, split = ins[1], ins[6] & 255, (ins[6] >> 8) & 255, (ins[6] >> 16) & 255, ins[6] >> 24
+        x_in = _tag(step, layer - 1, isa.OPS["OPROJ" if sc.fused_mlp else "DOWN"]) if layer > 0 \
+            else _tag(step, -1, EMBED)
+        self._expect(env["tags"]["x"], x_in, "x", ins)
+        if i >= sc.cluster_ctas or i % sc.cluster != split:
+            raise ScheduleError(f"{ins}: ATTNQ split {split} on CTA {i} (clusters of {sc.cluster})")
+        w = self.layers[layer]
+        xn = self._norm(self._residual(env["x"], layer - 1, step, ins, env), w.ln1.cpu())
+        rr = attnq_rows(dm, gq) // sc.cluster
+        rows = [attnq_row(dm, head, j0, gq, r) for r in range(split * rr, (split + 1) * rr)]
+        y = w.wqkv[rows].float().cpu() @ xn
+        if w.bqkv is not None:
+            y = y + w.bqkv[rows].float().cpu()
+        key = (step, layer, i // sc.cluster, head, j0)
+        blk = env["blocks"].setdefault(key, {})
+        if split in blk:
+            raise ScheduleError(f"{ins}: rank {split} pushed twice into part {key}")
+        blk[split] = y
+        return key
+
+    def _attnq(self, ins, step: int, pos: int, env) -> None:
+        """The second part of an ATTNQ instruction, every rank's share in: the part's q heads' partial over the
+        split's positions (the step's own K / V row from the part's shares; part 0's split holding pos appends it to
+        the cache), and, once the part's last split has one, the merge into the part's rows of attn (mk_attention.cuh
+        attn_cluster_combine)."""
+        dm, sc = self.dm, self.s
+        layer, j0, gq, head, split = ins[1], ins[6] & 255, (ins[6] >> 8) & 255, (ins[6] >> 16) & 255, ins[6] >> 24
+        hd, g, S = dm.head_dim, dm.group, sc.n_splits
+        key = env["pushed"][env["i"]]
+        v = torch.cat([env["blocks"][key][r] for r in range(sc.cluster)])
+        q = self._rope(v[:gq * hd].view(gq, hd).clone(), pos)
+        k_new, v_new = self._rope(v[gq * hd:(gq + 1) * hd].clone(), pos), v[(gq + 1) * hd:]
+        n = pos + 1
+        s_eff = attn_splits_in_use(n, S, env["attn_min_pos"], env["attn_min_splits"], env["kv_stage_pos"])
+        p0, p1 = (split * n // s_eff, (split + 1) * n // s_eff) if split < s_eff else (0, 0)
+        kt = _tag(step, layer, isa.OPS["ATTN"])
+        slot, kc, vc, kv_tag = env["slot"], env["k_cache"], env["v_cache"], env["kv_tag"]
+        if split == s_eff - 1 and j0 == 0:   # part 0's split holding pos appends this step's K / V
+            kc[slot, layer, head, pos], vc[slot, layer, head, pos] = k_new, v_new
+            kv_tag[layer, head, pos] = kt
+        keys, vals = [], []
+        for p in range(p0, p1):
+            if p == pos:   # this step's row: the part's own (part 0 may not have appended it yet)
+                keys.append(k_new)
+                vals.append(v_new)
+                continue
+            t = kv_tag[layer, head, p]
+            if not (t == -2 if p < env["valid_len"] else t == _tag(p - env["pos0"], layer, isa.OPS["ATTN"])):
+                raise ScheduleError(f"{ins}: KV at pos {p} has tag {t}")
+            keys.append(kc[slot, layer, head, p].float())
+            vals.append(vc[slot, layer, head, p].float())
+        if keys:
+            sc_ = (q @ torch.stack(keys).T) * (hd ** -0.5)
+            mx = sc_.max(dim=1).values
+            e = torch.exp(sc_ - mx[:, None])
+            pr = (mx, e.sum(1), e @ torch.stack(vals))
+        else:
+            pr = (torch.full((gq,), float("-inf")), torch.zeros(gq), torch.zeros(gq, hd))
+        done = env["qparts"].setdefault(key, {})
+        done[split] = pr
+        if len(done) == S:   # the part's last split: the cluster combine of its q heads
+            mxs = torch.stack([done[sp][0] for sp in range(s_eff)])
+            m = mxs.max(dim=0).values
+            wgt = torch.exp(mxs - m)
+            num = (wgt[:, :, None] * torch.stack([done[sp][2] for sp in range(s_eff)])).sum(0)
+            den = (wgt * torch.stack([done[sp][1] for sp in range(s_eff)])).sum(0)
+            rows = slice((head * g + j0) * hd, (head * g + j0 + gq) * hd)
+            env["attn"][rows] = (num / den[:, None]).reshape(-1)
+            env["tags"]["attn"][rows] = kt
 
     def _h_rows(self, x: torch.Tensor, layer: int, a0: int, a1: int) -> torch.Tensor:
         """h[a0:a0 + a1] = silu(gate rows . xn) * (up rows . xn), xn = RMSNorm(x) with ln2 (GATEUP and MLP)."""

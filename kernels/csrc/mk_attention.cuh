@@ -67,6 +67,22 @@ MK_DEV void attn_prefetch(const MkParams& p, const int* ins, int pos, float* sm,
                    rows);
 }
 
+#if MK_CLUSTER
+// attn_prefetch of an ATTNQ instruction (its kv head and split are in sig_ctr: isa.OPS).
+template <int HD>
+MK_DEV void attnq_prefetch(const MkParams& p, const int* ins, int pos, float* sm, const AttnStep& as) {
+    const int sig = ins[MK_F_SIG_CTR];
+    int p0, p1;
+    attn_span(as, sig >> 24, p0, p1);
+    const int rows = min(min(p1, pos) - p0, p.kv_stage_pos);
+    if (rows <= 0) return;
+    const size_t row0 = ((size_t)ins[MK_F_LAYER] * p.n_kv + ((sig >> 16) & 255)) * (size_t)p.max_len + p0;
+    mk_bf16* sk = (mk_bf16*)(sm + p.sm_kv);
+    attn_stage<HD>(p.k_cache + row0 * HD, p.v_cache + row0 * HD, sk, sk + (size_t)p.kv_stage_pos * (HD + MK_KPAD),
+                   rows);
+}
+#endif
+
 // W consecutive lanes (W a power of two <= 32, groups aligned in the warp) each hold an online-softmax state over
 // their splits (max M, denominator den, weighted sum num; M = -inf: none): butterflies over the group leave every
 // lane with the group's den and num at the group's max.
@@ -91,13 +107,19 @@ MK_DEV void attn_lanes_combine(float M, float& den, float& num, int W) {
 // the EL = g HD / NR o values of the elements this rank owns (recv[s EL ..]) and then every q head's max and
 // denominator (recv[NR_MAX EL_MAX + s 2 MAX_GROUP ..]); bar is the mbarrier the peers' pushes count off; phase counts
 // the rounds this CTA has owned (the parity its next wait needs).
+// ATTNQ (schedule qkv_parts): qkv receives the part's q / k / v rows from every rank (rank r's share at r x its
+// row count), counted off qbar; qphase counts those rounds.
 struct ClusterRecv {
     float* recv;
     unsigned long long* bar;
     unsigned phase;
+    float* qkv;
+    unsigned long long* qbar;
+    unsigned qphase;
 };
 #define MK_RECV_O_FLOATS (MK_MAX_GROUP * MK_HEAD_DIM)          // NR x EL = g x HD
 #define MK_RECV_FLOATS (MK_RECV_O_FLOATS + 16 * 2 * MK_MAX_GROUP)   // + up to 16 splits' (max, denominator) pairs
+#define MK_QKV_RECV_FLOATS ((MK_MAX_GROUP + 2) * MK_HEAD_DIM)          // an ATTNQ part's rows, at most
 
 // Thread 0 waits for the round's phase of bar (parity) with the watchdog of wait_ctr (a timeout reports counter
 // -2); false in every thread when the launch is aborted. Ends synced.
@@ -144,14 +166,15 @@ MK_DEV bool wait_pushes(const MkParams& p, unsigned long long* bar, unsigned par
 // consecutive lanes per output, one per split, combined with shuffles: the same values and order as the pull over
 // DSMEM it replaces, so the same bits) and bumps ATTN_DONE. No cluster barrier: a push for a later round of this
 // cluster comes from an ATTN several layers on, after this CTA's ATTN_DONE through the counters. Returns 0, or -1
-// when the launch was aborted during the wait.
+// when the launch was aborted during the wait. g: the q heads of the partial (ATTN: the group; ATTNQ: its part's),
+// dst: where their g x HD outputs go in attn[].
 template <int HD>
-MK_DEV int attn_cluster_combine(const MkParams& p, const int* ins, int ii, int step, int head, int rank, int S_eff,
-                                 float* sm, ClusterRecv& cr, int* sflag) {
+MK_DEV int attn_cluster_combine(const MkParams& p, const int* ins, int ii, int step, int g, float* dst_o, int rank,
+                                 int S_eff, float* sm, ClusterRecv& cr, int* sflag) {
     // NR is a power of two (schedule.build): its divisions are shifts; the others divmod_small (not integer
     // divisions: this runs between the position loop and the pushes, on the layer's chain).
     const int lnr = __ffs(p.attn_cluster) - 1;
-    const int g = p.group, NR = 1 << lnr, E = g * HD, EL = E >> lnr, e0 = rank * EL;
+    const int NR = 1 << lnr, E = g * HD, EL = E >> lnr, e0 = rank * EL;
     float* rml = cr.recv + MK_RECV_O_FLOATS;
     if (rank < S_eff) {   // CTA-uniform; the caller synced after the position loop
         const float* part = sm + p.sm_red;
@@ -188,7 +211,7 @@ MK_DEV int attn_cluster_combine(const MkParams& p, const int* ins, int ii, int s
         }
         float den = l, num = o;
         attn_lanes_combine(m, den, num, NR);
-        if (s == 0) p.attn[(size_t)head * E + e] = num / den;
+        if (s == 0) dst_o[e] = num / den;
     }
     signal_ctr(p, p.ctr + ins[MK_F_AUX]);
     return 0;
@@ -271,6 +294,34 @@ MK_DEV void attn_q_and_append(const MkParams& p, int head, int pos, int p0, int 
     }
 }
 
+// The position loop of a split with positions [p0, p1), g q heads in the q tile, chunk 0 staged (its cp.async still
+// in flight): chunk by chunk into the partial records part[j (HD + 2) ..] of q heads j < g. Ends synced.
+// qh: the q tile; stk / stv: the staging (cap positions); sc: the scores.
+template <int HD>
+MK_DEV void attn_chunks(const MkParams& p, int step, int ii, int g, int p0, int p1, int cap, const mk_bf16* qh,
+                        mk_bf16* stk, mk_bf16* stv, float* sc, const mk_bf16* kc, const mk_bf16* vc, float* part) {
+    mk_cp_async_wait_all();   // this thread's staged K/V rows; the barrier publishes everyone's
+    __syncthreads();
+    trace(p, step, ii, 4);   // rotated q (and this step's K/V) ready
+    // Warp j < g owns q head j and its partial record (max, denominator, HD weighted sums), which also holds
+    // the running state between chunks (attn_head_values).
+    const int warp = threadIdx.x >> 5;
+    for (int c0 = p0; c0 < p1; c0 += cap) {
+        const int C = min(cap, p1 - c0);
+        if (c0 > p0) {   // a later chunk: after every reader of the previous one, copy it in
+            __syncthreads();
+            attn_stage<HD>(kc + (size_t)c0 * HD, vc + (size_t)c0 * HD, stk, stv, C);
+            mk_cp_async_wait_all();
+            __syncthreads();
+        }
+        attn_scores_mma<HD>(qh, stk, sc, g, C, cap);
+        __syncthreads();
+        if (warp < g) attn_head_values<HD>(sc, stv, C, cap, part + warp * (HD + 2), c0 == p0);
+    }
+    trace(p, step, ii, 5);   // every position done
+    __syncthreads();
+}
+
 // One (kv head, split) partial over positions [p0, p1) of pos + 1. Only the first S_eff = attn_splits(n) splits
 // have positions; split S_eff - 1 (the one holding position pos) appends this step's K/V. Once every split of the
 // head has published its partial, each split with positions merges its slice of attn[] (attn_merge_slice, or
@@ -304,34 +355,16 @@ MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos,
     mk_bf16* qh = (mk_bf16*)sm;                   // rotated, scaled q as hi / lo rows (attn_q_store)
     if (split < S_eff) {   // CTA-uniform: the barriers inside are safe
         attn_q_and_append<HD>(p, head, pos, p0, cap, qh, kc, vc, stk, stv, split == S_eff - 1);
-        mk_cp_async_wait_all();   // this thread's staged K/V rows; the barrier publishes everyone's
-        __syncthreads();
-        trace(p, step, ii, 4);   // rotated q (and this step's K/V) ready
-        // Warp j < g owns q head j and its partial record (max, denominator, HD weighted sums), which also holds
-        // the running state between chunks (attn_head_values).
-        const int warp = threadIdx.x >> 5;
 #if MK_CLUSTER   // the partial stays in this CTA's partial-sum region, which it pushes to its cluster peers
         float* part = sm + p.sm_red;
 #else
         float* part = p.part + (size_t)(head * S + split) * g * (HD + 2);
 #endif
-        for (int c0 = p0; c0 < p1; c0 += cap) {
-            const int C = min(cap, p1 - c0);
-            if (c0 > p0) {   // a later chunk: after every reader of the previous one, copy it in
-                __syncthreads();
-                attn_stage<HD>(kc + (size_t)c0 * HD, vc + (size_t)c0 * HD, stk, stv, C);
-                mk_cp_async_wait_all();
-                __syncthreads();
-            }
-            attn_scores_mma<HD>(qh, stk, sc, g, C, cap);
-            __syncthreads();
-            if (warp < g) attn_head_values<HD>(sc, stv, C, cap, part + warp * (HD + 2), c0 == p0);
-        }
-        trace(p, step, ii, 5);   // every position done
-        __syncthreads();
+        attn_chunks<HD>(p, step, ii, g, p0, p1, cap, qh, stk, stv, sc, kc, vc, part);
     }   // split < S_eff
 #if MK_CLUSTER   // the head's splits are ranks 0 .. S - 1 of one cluster (schedule.build(cluster=S))
-    return attn_cluster_combine<HD>(p, ins, ii, step, head, split, S_eff, sm, cr, sflag);
+    return attn_cluster_combine<HD>(p, ins, ii, step, g, p.attn + (size_t)head * g * HD, split, S_eff, sm, cr,
+                                    sflag);
 #endif
     // Every split (idle ones too: S per step) publishes its partial on the head's counter. Once all have, each
     // split with positions merges its own 1 / S_eff of the head's g x HD outputs from the S_eff partials and
@@ -345,3 +378,77 @@ MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos,
     signal_ctr(p, p.ctr + ins[MK_F_AUX]);
     return 0;
 }
+
+#if MK_CLUSTER
+// ATTNQ's q heads and this step's K / V row, from the part's rows in shared memory (qkv: gq q heads, then k, then v):
+// the rotated, scaled q tile as attn_q_and_append's; with `row` (the split holding pos) the rotated K and the V row
+// into staged chunk 0, and with `append` (part 0's) into the cache. Caller syncs.
+template <int HD>
+MK_DEV void attnq_q_and_row(const MkParams& p, const float* qkv, int gq, int pos, int p0, int cap, mk_bf16* qh,
+                            mk_bf16* kc, mk_bf16* vc, mk_bf16* stk, mk_bf16* stv, bool row, bool append) {
+    constexpr int HALF = HD / 2;
+    const int nq = gq * HD, nt = nq + (row ? HD : 0);
+    for (int t = threadIdx.x; t < nt; t += NT) {
+        const bool isq = t < nq;
+        const int i = isq ? t % HD : t - nq;
+        const float* src = qkv + (isq ? t - i : nq);
+        const float a = src[i], b = src[i < HALF ? i + HALF : i - HALF];
+        float s, c;
+        sincosf((float)pos * p.inv_freq[i % HALF], &s, &c);
+        const float r = i < HALF ? a * c - b * s : a * c + b * s;
+        if (isq) {
+            attn_q_store<HD>(qh, t / HD, i, r * p.attn_scale);
+            continue;
+        }
+        const mk_bf16 kb = mk_f2bf(r), vb = mk_f2bf(qkv[nq + HD + i]);
+        if (append) {
+            kc[(size_t)pos * HD + i] = kb;
+            vc[(size_t)pos * HD + i] = vb;
+        }
+        if (pos - p0 < cap) {
+            stk[(size_t)(pos - p0) * (HD + MK_KPAD) + i] = kb;
+            stv[(size_t)(pos - p0) * HD + i] = vb;
+        }
+    }
+}
+
+// ATTNQ (isa.OPS, schedule qkv_parts), after the shared matvec: out[0 .. R) are this rank's rows of the part (RMS
+// factor rs still to apply; bias rows through m), rank = split. Pushes them (with bias) to every rank's qkv region,
+// waits for every rank's, then runs the part's gq q heads as ATTN runs its group: q and the step's K / V row from
+// shared memory (part 0's split holding pos appends it), the position loop, the cluster combine into attn[] (which
+// bumps ATTN_DONE). Returns op_attn's.
+template <int HD>
+MK_DEV int op_attnq(const MkParams& p, const int* ins, int ii, int step, int pos, float* sm, int* sflag,
+                    const AttnStep& as, ClusterRecv& cr, const float* out, float rs, const RowMap& m, int R,
+                    const float* bias) {
+    const int layer = ins[MK_F_LAYER], sig = ins[MK_F_SIG_CTR];
+    const int j0 = sig & 255, gq = (sig >> 8) & 255, head = (sig >> 16) & 255, split = sig >> 24;
+    const int lnr = __ffs(p.attn_cluster) - 1, NR = 1 << lnr;
+    for (int t = threadIdx.x; t < (R << lnr); t += NT) {   // row r of this rank to rank q
+        const int q = t & (NR - 1), r = t >> lnr;
+        const float v = out[r] * rs + (bias ? bias[m.row0 + r] : 0.f);
+        mk_st_async1(mk_cluster_addr(cr.qkv + split * R + r, q), v, mk_cluster_addr(cr.qbar, q));
+    }
+    if (threadIdx.x == 0) mk_mbar_expect(cr.qbar, (unsigned)(R << lnr) * 4u);
+    if (!wait_pushes(p, cr.qbar, cr.qphase & 1u, step, sflag)) return -1;
+    ++cr.qphase;
+    const int S_eff = as.s_eff;
+    int p0, p1;
+    attn_span(as, split, p0, p1);
+    const int cap = p.kv_stage_pos;
+    mk_bf16* stk = (mk_bf16*)(sm + p.sm_kv);
+    mk_bf16* stv = stk + (size_t)cap * (HD + MK_KPAD);
+    float* sc = sm + p.sm_kv + (size_t)cap * (HD + MK_KPAD / 2);
+    const size_t row0 = ((size_t)layer * p.n_kv + head) * (size_t)p.max_len;
+    mk_bf16* kc = p.k_cache + row0 * HD;
+    mk_bf16* vc = p.v_cache + row0 * HD;
+    mk_bf16* qh = (mk_bf16*)sm;
+    if (split < S_eff) {   // CTA-uniform
+        attnq_q_and_row<HD>(p, cr.qkv, gq, pos, p0, cap, qh, kc, vc, stk, stv, split == S_eff - 1,
+                            split == S_eff - 1 && j0 == 0);
+        attn_chunks<HD>(p, step, ii, gq, p0, p1, cap, qh, stk, stv, sc, kc, vc, sm + p.sm_red);
+    }
+    return attn_cluster_combine<HD>(p, ins, ii, step, gq, p.attn + (size_t)(head * p.group + j0) * HD, split, S_eff,
+                                    sm, cr, sflag);
+}
+#endif

@@ -9,6 +9,7 @@
 #define MK_OP_LMHEAD 6
 #define MK_OP_SAMPLE 7
 #define MK_OP_MLP 8
+#define MK_OP_ATTNQ 9
 
 #define MK_F_OP 0
 #define MK_F_LAYER 1

@@ -134,6 +134,11 @@ MK_DEV bool mk_mbar_try_wait(unsigned long long* bar, unsigned parity) {
                  : "=r"(ok) : "r"(mk_smem_addr(bar)), "r"(parity) : "memory");
     return ok != 0;
 }
+// 4 bytes to shared::cluster address a, counted off the mbarrier at shared::cluster address bar.
+MK_DEV void mk_st_async1(unsigned a, float x, unsigned bar) {
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];"
+                 :: "r"(a), "f"(x), "r"(bar) : "memory");
+}
 // 8 bytes to shared::cluster address a (mk_cluster_addr), counted off the mbarrier at shared::cluster address bar.
 MK_DEV void mk_st_async2(unsigned a, float x, float y, unsigned bar) {
     asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v2.f32 [%0], {%1, %2}, [%3];"

@@ -117,9 +117,13 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
 #if MK_CLUSTER
     // The cluster combine's receive region and mbarrier (mk_attention.cuh), initialised before any peer can push.
     __shared__ __align__(16) float cl_recv[MK_RECV_FLOATS];
-    __shared__ __align__(8) unsigned long long cl_bar;
-    ClusterRecv cr{cl_recv, &cl_bar, 0u};
-    if (threadIdx.x == 0) mk_mbar_init(&cl_bar);
+    __shared__ __align__(16) float cl_qkv[MK_QKV_RECV_FLOATS];
+    __shared__ __align__(8) unsigned long long cl_bar, cl_qbar;
+    ClusterRecv cr{cl_recv, &cl_bar, 0u, cl_qkv, &cl_qbar, 0u};
+    if (threadIdx.x == 0) {
+        mk_mbar_init(&cl_bar);
+        mk_mbar_init(&cl_qbar);
+    }
     mk_cluster_sync();
 #endif
 
@@ -148,7 +152,11 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             RowMap m{nullptr, a0, a1, 0};
             int R = 0, K = 0;
             switch (op) {
-            case MK_OP_QKV: m.base = Lw.wqkv; R = a1; K = p.d; break;
+            case MK_OP_QKV:
+#if MK_CLUSTER
+            case MK_OP_ATTNQ:   // its rank's rows of W_qkv in the ATTNQ order (schedule.attnq_order), as QKV's
+#endif
+                m.base = Lw.wqkv; R = a1; K = p.d; break;
             case MK_OP_OPROJ: m.base = Lw.wo; R = a1; K = p.q_dim; break;
             case MK_OP_GATEUP:
 #if !MK_TP   // the fused MLP exists in the one-GPU builds only
@@ -172,6 +180,9 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             if (op == MK_OP_ATTN) {   // cached K/V rows in flight while we wait, like a matvec's weights
                 attn_prefetch<MK_HEAD_DIM>(p, ins, pos, sm, attn_st);
             }
+#if MK_CLUSTER
+            if (op == MK_OP_ATTNQ) attnq_prefetch<MK_HEAD_DIM>(p, ins, pos, sm, attn_st);
+#endif
             trace(p, step, ii, 0);
             if (!xr_wait(p, ins, step, sflag)) return;
             trace(p, step, ii, 1);
@@ -194,7 +205,8 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
                     load_vec(sv, op == MK_OP_OPROJ ? p.attn : p.h, op == MK_OP_OPROJ ? p.q_dim : p.ffn);
                     __syncthreads();
                 } else {
-                    rs = xr_norm(p, sv, op == MK_OP_QKV ? Lw.ln1 : op == MK_OP_LMHEAD ? p.final_norm : Lw.ln2, op,
+                    const int nop = MK_CLUSTER && op == MK_OP_ATTNQ ? MK_OP_QKV : op;   // ATTNQ: QKV's norm of x (+ acc)
+                    rs = xr_norm(p, sv, nop == MK_OP_QKV ? Lw.ln1 : op == MK_OP_LMHEAD ? p.final_norm : Lw.ln2, nop,
                                  layer, scr);
                 }
                 trace(p, step, ii, 3);
@@ -226,6 +238,13 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
                 case MK_OP_DOWN:
                     xr_residual(p, op, layer, a0, a1, out);
                     break;
+#if MK_CLUSTER
+                case MK_OP_ATTNQ:
+                    if (op_attnq<MK_HEAD_DIM>(p, ins, ii, step, pos, sm, sflag, attn_st, cr, out, rs, m, R, Lw.bqkv) < 0)
+                        return;
+                    trace(p, step, ii, 2);
+                    continue;   // ATTN_DONE bumped by the combine
+#endif
                 case MK_OP_LMHEAD:
                     if (p.logits_out)
                         for (int r = threadIdx.x; r < a1; r += NT)

@@ -236,6 +236,9 @@ def test_engine_end_to_end(tmp_path):
     # small layers: the engine launches the attention in clusters of 16 (schedule.attn_cluster_model) and says so
     assert eng.stats()["backend_stats"]["attn_cluster"] == 16, eng.stats()
     assert "attention in clusters of 16" in eng.stats()["backend_detail"]
+    # and QKV inside them (schedule.qkv_parts_default): 2 q heads per kv head in 2 parts, 2 x 2 of the 7 clusters
+    assert eng.stats()["backend_stats"]["qkv_parts"] == 2, eng.stats()
+    assert "QKV inside them in 2 parts per kv head" in eng.stats()["backend_detail"]
     prompt = list(range(10, 40))
     res = eng.complete(prompt, max_new_tokens=40, stop_ids=frozenset())
     assert len(res.token_ids) == 40
@@ -323,6 +326,44 @@ def test_attention_clusters_match_the_default_launch(name, cs):
           f"vs the default launch {between:.2e}")
     assert err <= 1e-2 and between <= 2e-3
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("name", [SHAPES[0], SHAPES[2]])
+def test_qkv_inside_the_clusters_matches_qkv_and_attn(name):
+    """Monokernel(attn_cluster=16, qkv_parts=P): no QKV stage, each part of a kv head's q heads computes its q / k / v
+    rows on its own cluster and shares them over distributed shared memory (schedule.build(qkv_parts=...)). With the
+    engine's default parts, with 3 parts and with the QKV stage (0): teacher-forced logits match the fp32 reference,
+    the layouts agree to rounding, each repeats to the bit, and the KV cache holds the same rows."""
+    from kernels.runtime import Monokernel
+    from kernels.schedule import qkv_parts_default
+    s = setup_for(name)
+    steps = 48
+    forced = s.ids[PROMPT:PROMPT + steps].tolist()
+    ref = torch.stack([s.m32.forward(s.k32, s.v32, 0, s.ids[PROMPT + j:PROMPT + j + 1].cuda(), PROMPT + j)
+                       for j in range(steps)])
+    outs, kvs = {}, {}
+    for parts in (None, 3, 0):
+        mk = Monokernel(s.m16, s.k16, s.v16, max_steps=steps + 8, attn_cluster=16, side=True, qkv_parts=parts)
+        want = qkv_parts_default(mk.dims, 16, mk.n_main // 16) if parts is None else parts
+        assert mk.sched.qkv_parts == want
+        runs = []
+        for _ in range(2):
+            s.restore()
+            out = torch.full((steps, s.cfg.vocab_size), float("nan"), device="cuda")
+            mk.run(0, forced[0], PROMPT, steps, forced=forced, logits_out=out)
+            runs.append(out)
+        assert not mk.ran_alone()
+        assert torch.equal(runs[0], runs[1]), f"qkv_parts {want}: a rerun changed a bit"
+        outs[want], kvs[want] = runs[0], s.k16[:, :, :, PROMPT:PROMPT + steps].float().clone()
+        del mk
+    base = outs[0]
+    for parts, out in outs.items():
+        err = max(rel(out[j], ref[j]) for j in range(steps))
+        between = max(rel(out[j], base[j]) for j in range(steps))
+        kv = rel(kvs[parts].flatten(), kvs[0].flatten())
+        print(f"\n{name}: qkv_parts {parts}: teacher-forced rel L2 max {err:.2e}, vs QKV + ATTN {between:.2e}, "
+              f"K cache {kv:.2e}")
+        assert err <= 1e-2 and between <= 2e-3 and kv <= 1e-2
 
 
 @pytest.mark.parametrize("name", SHAPES)

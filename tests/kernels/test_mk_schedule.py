@@ -240,3 +240,24 @@ def test_side_launch_schedule_and_its_alone_schedule_share_one_layout(name):
         own = schedule.smem_layout(s, 4096, OPTIN)
         assert lay.sm_kv >= own.sm_kv and lay.smem - 4 * lay.sm_tab >= own.smem - 4 * own.sm_tab
     assert lay.smem - 4 * lay.sm_tab == 4 * max(schedule.tables_floats(both), schedule.tables_floats(alone))
+
+
+@pytest.mark.parametrize("name,cluster,n_clusters,want", [
+    ("qwen2.5-coder-0.5b", 16, 7, 3),    # 7 q heads in 3 / 2 / 2: 20 / 16 rows per rank (2 parts: 24 rows)
+    ("qwen2.5-coder-1.5b", 16, 7, 3),    # 6 q heads in 2 / 2 / 2: 32 rows per rank, one early-load batch
+    ("qwen2.5-coder-1.5b", 8, 14, 0),    # 8 ranks: every layout has more than 32 rows per rank
+    ("llama-3.2-1b", 16, 7, 0),          # 8 kv heads do not fit 7 clusters even in one part each
+])
+def test_qkv_parts_default_takes_the_most_parts_that_fit(name, cluster, n_clusters, want):
+    """The ATTNQ layout's default parts: the most that the clusters hold with every rank's q / k / v rows in one
+    early-load batch; the layout it names builds and checks on the H200's cluster launch."""
+    dims = schedule.Dims.of(preset(name))
+    got = schedule.qkv_parts_default(dims, cluster, n_clusters)
+    assert got == want
+    if got:
+        for parts in range(got + 1, dims.group + 1):   # more parts than the default: past the clusters
+            assert dims.n_kv * parts > n_clusters
+        s = schedule.build(dims, n_sm=cluster * n_clusters, fused_mlp=True, cluster=cluster,
+                           cluster_ctas=cluster * n_clusters, qkv_parts=got)
+        schedule.check(s)
+        assert s.rows["ATTNQ"] <= 2 * isa.NWARPS

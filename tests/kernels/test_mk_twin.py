@@ -100,6 +100,82 @@ def test_cluster_schedule_logits_equal_reference(shape, n_sm, cs, cl_ctas, fused
         assert err < 1e-4, (s, err)
 
 
+# (q heads per kv head, head_dim, parts, n_sm, cluster, cluster CTAs): the 0.5B layout's 7 q heads in 3 / 2 / 2 and
+# 4 / 3, a group of 4 in 2 parts, with and without a side launch
+ATTNQ_CASES = [(7, 32, 3, 52, 8, 48), (7, 32, 2, 32, 8, 32), (4, 16, 2, 34, 8, 32), (4, 16, 1, 16, 8, 16)]
+
+
+@pytest.mark.parametrize("group,hd,parts,n_sm,cs,cl_ctas", ATTNQ_CASES)
+@pytest.mark.parametrize("fused", [False, True], ids=["gateup-down", "fused-mlp"])
+def test_attnq_schedule_logits_equal_reference(group, hd, parts, n_sm, cs, cl_ctas, fused):
+    """schedule.build(qkv_parts=P): no QKV stage; each kv head's q heads in P parts, each part's q / k / v rows
+    computed by the ranks of its cluster (rank r its share, pushed to every rank, then waited for) before the part's
+    attention. Teacher-forced logits equal the reference; the KV cache gets every step's row exactly once."""
+    cfg = tiny_cfg(n_heads=2 * group, n_kv_heads=2, head_dim=hd, hidden_size=96)
+    model = tiny_model(cfg, seed=group + parts)
+    ids = torch.randint(0, cfg.vocab_size, (14,), generator=torch.Generator().manual_seed(n_sm)).tolist()
+    prompt, forced = ids[:9], ids[9:]
+    k_ref, v_ref = _prefill(model, cfg, prompt)
+    k_tw, v_tw = k_ref.clone(), v_ref.clone()
+    ref = torch.stack([model.forward(k_ref, v_ref, 1, torch.tensor([t]), len(prompt) + j)
+                       for j, t in enumerate(forced)])
+    sched = schedule.build(schedule.Dims.of(cfg), n_sm=n_sm, fused_mlp=fused, cluster=cs, cluster_ctas=cl_ctas,
+                           qkv_parts=parts)
+    schedule.check(sched)
+    ops = {ins[0] for lst in sched.per_sm for ins in lst}
+    assert isa.OPS["QKV"] not in ops and isa.OPS["ATTN"] not in ops and isa.OPS["ATTNQ"] in ops
+    # the kernel's rows of an ATTNQ rank (a1 rows of W_qkv in attnq_order from a0, as a QKV instruction's) are the
+    # part's rows the twin computes
+    dm, order = schedule.Dims.of(cfg), schedule.attnq_order(schedule.Dims.of(cfg), parts)
+    for ins in (i for lst in sched.per_sm for i in lst if i[0] == isa.OPS["ATTNQ"]):
+        j0, gq, h, sp = ins[6] & 255, (ins[6] >> 8) & 255, (ins[6] >> 16) & 255, ins[6] >> 24
+        assert order[ins[2]:ins[2] + ins[3]] == [schedule.attnq_row(dm, h, j0, gq, r)
+                                                  for r in range(sp * ins[3], (sp + 1) * ins[3])]
+    for layer in range(cfg.n_layers):   # a layer's parts on distinct clusters
+        cl = {(sm // cs, ins[6] & 0xffffff) for sm, lst in enumerate(sched.per_sm) for ins in lst
+              if ins[0] == isa.OPS["ATTNQ"] and ins[1] == layer}
+        assert len({c for c, _ in cl}) == len(cl) == 2 * parts
+    for order in (n_sm, n_sm + 1):
+        k_tw, v_tw = k_ref.clone(), v_ref.clone()
+        k_tw[1, :, :, len(prompt):], v_tw[1, :, :, len(prompt):] = float("nan"), float("nan")
+        res = Twin(model, sched, rope_inv_freq(cfg)).run(k_tw, v_tw, 1, forced[0], len(prompt), len(forced),
+                                                          forced=forced, order_seed=order, attn_min_pos=2)
+        for s in range(len(forced)):
+            err = ((res.logits[s] - ref[s]).norm() / ref[s].norm()).item()
+            assert err < 1e-4, (s, err)
+        end = len(prompt) + len(forced) - 1   # the last step's row is appended too
+        assert torch.allclose(k_tw[1, :, :, :end], k_ref[1, :, :, :end], atol=1e-5)
+        assert torch.isnan(k_tw[1, :, :, end + 1:]).all()
+
+
+def test_attnq_rank_that_never_pushes_deadlocks_and_bad_layouts_are_refused():
+    """An ATTNQ rank left out of its part (its instruction dropped) leaves the others waiting for its share: the twin
+    reports a deadlock. build refuses qkv_parts without clusters, with more parts than clusters, or parts whose rows do
+    not split over the ranks; check refuses a split off its rank."""
+    cfg = tiny_cfg(n_heads=8, n_kv_heads=2, head_dim=16, hidden_size=96)
+    model = tiny_model(cfg)
+    dm = schedule.Dims.of(cfg)
+    sched = schedule.build(dm, n_sm=34, fused_mlp=True, cluster=8, cluster_ctas=32, qkv_parts=2)
+    lst = sched.per_sm[3]
+    lst.remove(next(ins for ins in lst if ins[0] == isa.OPS["ATTNQ"] and ins[1] == 1))
+    k, v = _prefill(model, cfg, [1, 2, 3])
+    with pytest.raises(ScheduleError, match="deadlock"):
+        Twin(model, sched, rope_inv_freq(cfg)).run(k, v, 1, 3, 3, 2, attn_min_pos=2)
+    with pytest.raises(ValueError, match="cluster launch"):
+        schedule.build(dm, n_sm=34, qkv_parts=2)
+    with pytest.raises(ValueError, match="need as many clusters"):
+        schedule.build(dm, n_sm=34, cluster=8, cluster_ctas=24, qkv_parts=2)
+    with pytest.raises(ValueError, match="does not split"):
+        schedule.build(schedule.Dims.of(tiny_cfg(n_heads=12, n_kv_heads=2, head_dim=16, hidden_size=96)), n_sm=34,
+                       cluster=8, cluster_ctas=32, qkv_parts=2)
+    bad = schedule.build(dm, n_sm=34, fused_mlp=True, cluster=8, cluster_ctas=32, qkv_parts=2)
+    i = next(j for j, ins in enumerate(bad.per_sm[0]) if ins[0] == isa.OPS["ATTNQ"])
+    ins = bad.per_sm[0][i]
+    bad.per_sm[0][i] = ins[:6] + (ins[6] & 0xffffff | 1 << 24,) + ins[7:]
+    with pytest.raises(AssertionError, match="on rank"):
+        schedule.check(bad)
+
+
 def test_cluster_schedule_refuses_what_the_kernel_cannot_run():
     with pytest.raises(ValueError, match="not a multiple"):
         schedule.build(schedule.Dims.of(tiny_cfg()), n_sm=12, cluster=8)
