@@ -3,7 +3,8 @@
 Global order of stages for one step: for each layer QKV -> ATTN -> OPROJ -> GATEUP -> DOWN, then LMHEAD, SAMPLE.
 With fused_mlp (one GPU) each layer is QKV -> ATTN -> OPROJ -> MLP: an MLP instruction runs GATEUP's rows and then
 their DOWN partial of all d rows, added into the fixed-point accumulator (isa.OPS["MLP"]), so one counter handoff
-and DOWN's read of h per layer go away.
+and DOWN's read of h per layer go away. Cluster launches with qkv_parts (the default where it fits,
+qkv_parts_default) run ATTNQ -> OPROJ -> MLP: QKV is computed inside the attention clusters (build's docstring).
 Each stage's instructions are spread round-robin over the SMs with a cursor that continues across stages, so
 no SM is always the one left with an extra instruction; OPROJ's go to the SMs of the highest ATTN splits instead
 (`oproj_rows`).  Every SM's list is in global stage order and every
