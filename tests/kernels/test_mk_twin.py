@@ -27,6 +27,24 @@ def _prefill(model, cfg, ids, slots=2):
     return k, v
 
 
+def _teacher_forced(model, cfg, seed):
+    """14 random tokens: a 9-token prompt prefilled into slot 1, then the reference's logits of the 5 forced steps.
+    -> (prompt, forced, k_ref, v_ref, ref) with k_ref / v_ref the reference's cache after those steps."""
+    ids = torch.randint(0, cfg.vocab_size, (14,), generator=torch.Generator().manual_seed(seed)).tolist()
+    prompt, forced = ids[:9], ids[9:]
+    k_ref, v_ref = _prefill(model, cfg, prompt)
+    k0, v0 = k_ref.clone(), v_ref.clone()
+    ref = torch.stack([model.forward(k_ref, v_ref, 1, torch.tensor([t]), len(prompt) + j)
+                       for j, t in enumerate(forced)])
+    return prompt, forced, k0, v0, k_ref, v_ref, ref
+
+
+def _assert_logits_match(res, ref, tol=1e-4):
+    for s in range(len(ref)):
+        err = ((res.logits[s] - ref[s]).norm() / ref[s].norm()).item()
+        assert err < tol, (s, err)
+
+
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("n_sm", [5, 16])
 # every split / a few splits / one split carries the positions / one chunk of 4 staged positions per split (3 or 4
@@ -36,22 +54,14 @@ def _prefill(model, cfg, ids, slots=2):
 def test_teacher_forced_logits_equal_reference(shape, n_sm, min_pos, min_splits, fused):
     cfg = tiny_cfg(**SHAPES[shape])
     model = tiny_model(cfg, seed=hash(shape) % 1000)
-    g = torch.Generator().manual_seed(n_sm)
-    ids = torch.randint(0, cfg.vocab_size, (14,), generator=g).tolist()
-    prompt, forced = ids[:9], ids[9:]
-    k_ref, v_ref = _prefill(model, cfg, prompt)
-    k_tw, v_tw = k_ref.clone(), v_ref.clone()
-    ref = torch.stack([model.forward(k_ref, v_ref, 1, torch.tensor([t]), len(prompt) + j)
-                       for j, t in enumerate(forced)])
+    prompt, forced, k_tw, v_tw, k_ref, v_ref, ref = _teacher_forced(model, cfg, n_sm)
     sched = schedule.build(schedule.Dims.of(cfg), n_sm=n_sm, fused_mlp=fused)
     schedule.check(sched)
     res = Twin(model, sched, rope_inv_freq(cfg)).run(k_tw, v_tw, 1, forced[0], len(prompt), len(forced),
                                                       forced=forced, order_seed=n_sm, attn_min_pos=min_pos,
                                                       attn_min_splits=min_splits, kv_stage_pos=4)
     assert res.steps_run == len(forced) and res.finish == "length"
-    for s in range(len(forced)):
-        err = ((res.logits[s] - ref[s]).norm() / ref[s].norm()).item()
-        assert err < 1e-4, (s, err)
+    _assert_logits_match(res, ref)
     end = len(prompt) + len(forced)
     assert torch.allclose(k_tw[1, :, :, :end], k_ref[1, :, :, :end], atol=1e-5)
     assert torch.allclose(v_tw[1, :, :, :end], v_ref[1, :, :, :end], atol=1e-5)
@@ -73,12 +83,7 @@ def test_cluster_schedule_logits_equal_reference(shape, n_sm, cs, cl_ctas, fused
     reference. With a side launch (cluster_ctas) its CTAs take a share of every other stage."""
     cfg = tiny_cfg(**SHAPES[shape])
     model = tiny_model(cfg, seed=hash(shape) % 1000)
-    ids = torch.randint(0, cfg.vocab_size, (14,), generator=torch.Generator().manual_seed(n_sm)).tolist()
-    prompt, forced = ids[:9], ids[9:]
-    k_ref, v_ref = _prefill(model, cfg, prompt)
-    k_tw, v_tw = k_ref.clone(), v_ref.clone()
-    ref = torch.stack([model.forward(k_ref, v_ref, 1, torch.tensor([t]), len(prompt) + j)
-                       for j, t in enumerate(forced)])
+    prompt, forced, k_tw, v_tw, k_ref, v_ref, ref = _teacher_forced(model, cfg, n_sm)
     sched = schedule.build(schedule.Dims.of(cfg), n_sm=n_sm, fused_mlp=fused, cluster=cs, cluster_ctas=cl_ctas)
     schedule.check(sched)
     assert sched.n_splits == cs and sched.cluster == cs and sched.cluster_ctas == (cl_ctas or n_sm)
@@ -95,9 +100,7 @@ def test_cluster_schedule_logits_equal_reference(shape, n_sm, cs, cl_ctas, fused
         assert {isa.OPS["QKV"], isa.OPS["LMHEAD"]} <= side_ops
     res = Twin(model, sched, rope_inv_freq(cfg)).run(k_tw, v_tw, 1, forced[0], len(prompt), len(forced),
                                                       forced=forced, order_seed=n_sm, attn_min_pos=2)
-    for s in range(len(forced)):
-        err = ((res.logits[s] - ref[s]).norm() / ref[s].norm()).item()
-        assert err < 1e-4, (s, err)
+    _assert_logits_match(res, ref)
 
 
 # (q heads per kv head, head_dim, parts, n_sm, cluster, cluster CTAs): the 0.5B layout's 7 q heads in 3 / 2 / 2 and
@@ -113,12 +116,7 @@ def test_attnq_schedule_logits_equal_reference(group, hd, parts, n_sm, cs, cl_ct
     attention. Teacher-forced logits equal the reference; the KV cache gets every step's row exactly once."""
     cfg = tiny_cfg(n_heads=2 * group, n_kv_heads=2, head_dim=hd, hidden_size=96)
     model = tiny_model(cfg, seed=group + parts)
-    ids = torch.randint(0, cfg.vocab_size, (14,), generator=torch.Generator().manual_seed(n_sm)).tolist()
-    prompt, forced = ids[:9], ids[9:]
-    k_ref, v_ref = _prefill(model, cfg, prompt)
-    k_tw, v_tw = k_ref.clone(), v_ref.clone()
-    ref = torch.stack([model.forward(k_ref, v_ref, 1, torch.tensor([t]), len(prompt) + j)
-                       for j, t in enumerate(forced)])
+    prompt, forced, k_tw, v_tw, k_ref, v_ref, ref = _teacher_forced(model, cfg, n_sm)
     sched = schedule.build(schedule.Dims.of(cfg), n_sm=n_sm, fused_mlp=fused, cluster=cs, cluster_ctas=cl_ctas,
                            qkv_parts=parts)
     schedule.check(sched)
@@ -140,9 +138,7 @@ def test_attnq_schedule_logits_equal_reference(group, hd, parts, n_sm, cs, cl_ct
         k_tw[1, :, :, len(prompt):], v_tw[1, :, :, len(prompt):] = float("nan"), float("nan")
         res = Twin(model, sched, rope_inv_freq(cfg)).run(k_tw, v_tw, 1, forced[0], len(prompt), len(forced),
                                                           forced=forced, order_seed=order, attn_min_pos=2)
-        for s in range(len(forced)):
-            err = ((res.logits[s] - ref[s]).norm() / ref[s].norm()).item()
-            assert err < 1e-4, (s, err)
+        _assert_logits_match(res, ref)
         end = len(prompt) + len(forced) - 1   # the last step's row is appended too
         assert torch.allclose(k_tw[1, :, :, :end], k_ref[1, :, :, :end], atol=1e-5)
         assert torch.isnan(k_tw[1, :, :, end + 1:]).all()
