@@ -263,6 +263,15 @@ MK_DEV void attn_merge_slice(const MkParams& p, int head, int split, const AttnS
     }
 }
 
+// RoPE of element i of a head (rotate-half pairing): a = x[i], b = x[i + HD / 2] for i < HD / 2, else x[i - HD / 2].
+template <int HD>
+MK_DEV float rope_rotate(const MkParams& p, float a, float b, int pos, int i) {
+    constexpr int HALF = HD / 2;
+    float s, c;
+    sincosf((float)pos * p.inv_freq[i % HALF], &s, &c);
+    return i < HALF ? a * c - b * s : a * c + b * s;
+}
+
 // The split's rotated, scaled q heads (attn_q_store) and, in the split holding position pos (append), this step's
 // K / V row rotated into the cache and into staged chunk 0: one flat list of (g + append) x HD elements over the
 // threads, so the append's loads go out with the q loads (threads without a q element take it).
@@ -277,9 +286,7 @@ MK_DEV void attn_q_and_append(const MkParams& p, int head, int pos, int p0, int 
         const float* src = isq ? p.qkv + (size_t)head * nq + t - i : p.qkv + p.q_dim + head * HD;
         const float a = mk_ld_cg(src + i), b = mk_ld_cg(src + (i < HALF ? i + HALF : i - HALF));
         const float v = isq ? 0.f : mk_ld_cg(p.qkv + p.q_dim + p.kv_dim + head * HD + i);
-        float s, c;
-        sincosf((float)pos * p.inv_freq[i % HALF], &s, &c);
-        const float r = i < HALF ? a * c - b * s : a * c + b * s;
+        const float r = rope_rotate<HD>(p, a, b, pos, i);
         if (isq) {
             attn_q_store<HD>(qh, t / HD, i, r * p.attn_scale);
             continue;
@@ -393,9 +400,7 @@ MK_DEV void attnq_q_and_row(const MkParams& p, const float* qkv, int gq, int pos
         const int i = isq ? t % HD : t - nq;
         const float* src = qkv + (isq ? t - i : nq);
         const float a = src[i], b = src[i < HALF ? i + HALF : i - HALF];
-        float s, c;
-        sincosf((float)pos * p.inv_freq[i % HALF], &s, &c);
-        const float r = i < HALF ? a * c - b * s : a * c + b * s;
+        const float r = rope_rotate<HD>(p, a, b, pos, i);
         if (isq) {
             attn_q_store<HD>(qh, t / HD, i, r * p.attn_scale);
             continue;
