@@ -275,7 +275,7 @@ def qkv_parts_default(dims: Dims, cluster: int, n_clusters: int) -> int:
     (2 rows per warp); 0 (QKV + ATTN) when none does. The most, not the fewest: on the 0.5B shape 3 parts ran
     542 us/token at context 512 against 560 for 2 and 552 for QKV + ATTN (bench/NOTES.md, session 28: with 2 parts
     the MLP's adds took 2.0 us per layer instead of 1.2-1.4)."""
-    for parts in range(min(dims.group, n_clusters // max(dims.n_kv, 1)), 0, -1):
+    for parts in range(min(dims.group, n_clusters // dims.n_kv), 0, -1):
         heads = qkv_part_heads(dims.group, parts)
         rq = [attnq_rows(dims, gq) for _, gq in heads]
         if all(r % cluster == 0 and (gq * dims.head_dim) % 32 == 0 and r // cluster <= 2 * isa.NWARPS
