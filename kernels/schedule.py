@@ -269,17 +269,26 @@ def attnq_row(dims: Dims, head: int, j0: int, gq: int, r: int) -> int:
     return dims.q_dim + dims.kv_dim + head * hd + r - (gq + 1) * hd
 
 
+def attnq_part_start(dims: Dims, n_parts: int, head: int, j0: int, k: int) -> int:
+    """The first row of part k (first q head j0) of kv head `head` in attnq_order: every part before it holds its q
+    heads' rows and its own copy of the kv head's k and v rows."""
+    return (head * (dims.group + 2 * n_parts) + j0 + 2 * k) * dims.head_dim
+
+
+def _attnq_part_splits(dims: Dims, gq: int, cluster: int) -> bool:
+    """A part of gq q heads splits over `cluster` ranks: its rows evenly, its q heads warp-uniformly."""
+    return attnq_rows(dims, gq) % cluster == 0 and (gq * dims.head_dim) % 32 == 0
+
+
 def qkv_parts_default(dims: Dims, cluster: int, n_clusters: int) -> int:
     """The ATTNQ layout's parts per kv head a cluster launch starts with (runtime.Monokernel qkv_parts=None): the
     most that the clusters hold (a cluster per part) whose rows per rank all fit one early-load batch of the matvec
     (2 rows per warp); 0 (QKV + ATTN) when none does. The most, not the fewest: on the 0.5B shape 3 parts ran
     542 us/token at context 512 against 560 for 2 and 552 for QKV + ATTN (bench/NOTES.md, session 28: with 2 parts
-    the MLP's adds took 2.0 us per layer instead of 1.2-1.4)."""
+    the 64 CTAs that ran a layer's attention finished its MLP last; with 3 the attention is spread over 96)."""
     for parts in range(min(dims.group, n_clusters // dims.n_kv), 0, -1):
-        heads = qkv_part_heads(dims.group, parts)
-        rq = [attnq_rows(dims, gq) for _, gq in heads]
-        if all(r % cluster == 0 and (gq * dims.head_dim) % 32 == 0 and r // cluster <= 2 * isa.NWARPS
-               for r, (_, gq) in zip(rq, heads)):
+        if all(_attnq_part_splits(dims, gq, cluster) and attnq_rows(dims, gq) // cluster <= 2 * isa.NWARPS
+               for _, gq in qkv_part_heads(dims.group, parts)):
             return parts
     return 0
 
@@ -287,8 +296,7 @@ def qkv_parts_default(dims: Dims, cluster: int, n_clusters: int) -> int:
 def attnq_order(dims: Dims, parts: int) -> list[int]:
     """The [q; k; v] weight rows in the ATTNQ layout's order (runtime.Monokernel keeps W_qkv and its bias this way):
     for each kv head, each part's rows (attnq_row) one after the other, so a part is one run of rows starting at
-    head_dim x (h (group + 2 parts) + its first q head + 2 x its index); each part has its own copy of the kv head's
-    k and v rows. An ATTNQ instruction's a0 / a1 are its rank's rows there, as a QKV instruction's in W_qkv."""
+    attnq_part_start; each part has its own copy of the kv head's k and v rows. An ATTNQ instruction's a0 / a1 are its rank's rows there, as a QKV instruction's in W_qkv."""
     return [attnq_row(dims, h, j0, gq, r) for h in range(dims.n_kv) for j0, gq in qkv_part_heads(dims.group, parts)
             for r in range(attnq_rows(dims, gq))]
 
@@ -323,7 +331,7 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
             raise ValueError(f"qkv_parts {qkv_parts}: {dims.n_kv} x {qkv_parts} parts need as many clusters "
                              f"({cluster_ctas // cluster})")
         for j0, gq in qkv_part_heads(dims.group, qkv_parts):
-            if attnq_rows(dims, gq) % cluster or (gq * dims.head_dim) % 32:
+            if not _attnq_part_splits(dims, gq, cluster):
                 raise ValueError(f"qkv_parts {qkv_parts}: a part of {gq} q heads does not split over {cluster} ranks")
     if dims.d % 8 or dims.ffn % 8 or dims.q_dim % 8:
         raise ValueError("hidden, ffn and q dims must be multiples of 8 (16-byte weight loads)")
@@ -404,7 +412,7 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
             for h in range(dims.n_kv):
                 for k, (j0, gq) in enumerate(parts):
                     c = (layer * dims.n_kv * P + h * P + k) % n_cl
-                    row0 = (h * (dims.group + 2 * P) + j0 + 2 * k) * dims.head_dim   # the part in attnq_order
+                    row0 = attnq_part_start(dims, P, h, j0, k)
                     rr = attnq_rows(dims, gq) // cluster
                     for sp in range(cluster):
                         sched.per_sm[c * cluster + sp].append(
@@ -539,7 +547,7 @@ def check(sched: Schedule) -> None:
                 k = parts.index((j0, gq))
                 assert sm % sched.cluster == sp, f"{ins}: split {sp} on rank {sm % sched.cluster}"
                 rr = attnq_rows(dm, gq) // sched.cluster
-                assert (a0, a1) == ((h * (dm.group + 2 * len(parts)) + j0 + 2 * k) * dm.head_dim + sp * rr, rr), \
+                assert (a0, a1) == (attnq_part_start(dm, len(parts), h, j0, k) + sp * rr, rr), \
                     f"{ins}: not its rank's rows of the part"
                 cov[(h * len(parts) + k) * sched.n_splits + sp] += 1
                 signallers[aux] = signallers.get(aux, 0) + 1
