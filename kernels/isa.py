@@ -33,9 +33,13 @@ OPS = {
     # attention partial over the split's positions (part 0's split holding pos appends K/V) and the cluster combine
     # into attn[] as ATTN's. a0 / a1: the rank's first row and row count in W_qkv's ATTNQ order
     # (schedule.attnq_order; the runtime keeps W_qkv so), as a QKV instruction's; sig_ctr: the part's first q head
-    # (of the group) | its q head count << 8 | kv head << 16 | split << 24; aux: ATTN_DONE.
+    # (of the group) | its q head count << 8 | kv head << 16 | split << 24; aux: ATTN_DONE | kv << AUX_KV_SHIFT, kv
+    # > 0 with schedule.build(kv_apart=True): the part's rows are its q heads' only and its split holding pos waits
+    # for kv producers per step on the layer's QKV counter (QKV instructions computing the k / v rows elsewhere),
+    # then reads its K / V row from qkv[].
     "ATTNQ": 9,
 }
+AUX_KV_SHIFT = 16
 FIELDS = ("op", "layer", "a0", "a1", "wait_ctr", "wait_n", "sig_ctr", "aux")
 INSTR_WORDS = len(FIELDS)
 
@@ -224,6 +228,8 @@ def render_header() -> str:
         f"#define MK_INSTR_WORDS {INSTR_WORDS}",
         f"#define MK_LAYER_WORDS {LAYER_WORDS}",
         f"#define MK_CTR_PER_LAYER {CTR_PER_LAYER}",
+        f"#define MK_CTR_QKV {CTR_QKV}",
+        f"#define MK_AUX_KV_SHIFT {AUX_KV_SHIFT}",
         f"#define MK_TOPK {TOPK}",
         f"#define MK_REC_WORDS {REC_WORDS}",
         f"#define MK_NTHREADS {NTHREADS}",

@@ -113,7 +113,7 @@ class Monokernel:
                  n_sm: int | None = None, sched: Schedule | None = None, tp_build: bool = False,
                  fused_mlp: bool | None = None, attn_cluster: int = 0,
                  n_splits: int | None = None, kv_stage_cap: int | None = None, side: bool | None = None,
-                 qkv_parts: int | None = None,
+                 qkv_parts: int | None = None, kv_apart: bool | None = None,
                  lm_screen: bool | None = None):
         """sched: a prebuilt schedule for this model's shape and n_sm (tensor parallelism passes one whose
         exchanged waits count every rank's producers, and tp_build: the library variant with the exchange:
@@ -133,7 +133,9 @@ class Monokernel:
         Measured on 0.5B (bench/NOTES.md, session 23): -6 us/token at ctx 512 against the same build without it.
         qkv_parts (with attn_cluster): the ATTNQ layout (schedule.build(qkv_parts=...)): QKV computed inside the
         attention clusters, each kv head's q heads in that many parts, one cluster each (0: QKV + ATTN; default:
-        schedule.qkv_parts_default with clusters, else 0).
+        schedule.qkv_parts_default with clusters, else 0). kv_apart (with qkv_parts): the parts compute their q rows
+        only and the k / v rows are QKV instructions on the CTAs without a part (schedule.build(kv_apart=True));
+        default: on where that layout fits the clusters (measured faster on 0.5B and 1.5B, bench/NOTES.md session 29).
         lm_screen (default: on where it can run): the screened LM head (kernels/lm_screen.py) for launches that
         need no logits output and no top-p; it keeps an int8 copy of the LM head (vocab x d bytes). lm_mode says
         which head the last launch ran and why.
@@ -141,7 +143,7 @@ class Monokernel:
         block; the caller's comes back after."""
         with torch.cuda.device(model.device):
             self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp, attn_cluster,
-                       n_splits, kv_stage_cap, side, qkv_parts)
+                       n_splits, kv_stage_cap, side, qkv_parts, kv_apart)
             self._init_lm_screen(lm_screen, tp_build)
 
     def _init_lm_screen(self, want: bool | None, tp_build: bool) -> None:
@@ -174,7 +176,7 @@ class Monokernel:
         self._lm_logged: set[str] = set()
 
     def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp,
-              attn_cluster, n_splits, kv_stage_cap=None, side=None, qkv_parts=None) -> None:
+              attn_cluster, n_splits, kv_stage_cap=None, side=None, qkv_parts=None, kv_apart=None) -> None:
         self.lib = lib = load_library(tp_build, attn_cluster > 0, head_dim=model.cfg.head_dim)
         self.model, self.cfg = model, model.cfg
         dev = model.device
@@ -207,14 +209,18 @@ class Monokernel:
         self.sched_alone: Schedule | None = None   # with a side launch: the main launch's own schedule
         if sched is None:
             fused_mlp = not tp_build if fused_mlp is None else fused_mlp
+            n_cl = self.n_main // attn_cluster if attn_cluster else 0
+            if kv_apart is None:
+                kv_apart = bool(attn_cluster) and qkv_parts != 0 and qkv_parts_default(self.dims, attn_cluster, n_cl,
+                                                                                         True) > 0
             if qkv_parts is None:
-                qkv_parts = qkv_parts_default(self.dims, attn_cluster, self.n_main // attn_cluster) \
-                    if attn_cluster else 0
+                qkv_parts = qkv_parts_default(self.dims, attn_cluster, n_cl, kv_apart) if attn_cluster else 0
             sched = build_schedule(self.dims, self.n_sm, n_splits, fused_mlp=fused_mlp, cluster=attn_cluster,
-                                   cluster_ctas=self.n_main if attn_cluster else None, qkv_parts=qkv_parts)
+                                   cluster_ctas=self.n_main if attn_cluster else None, qkv_parts=qkv_parts,
+                                   kv_apart=kv_apart)
             if self.n_side:
                 self.sched_alone = build_schedule(self.dims, self.n_main, n_splits, fused_mlp=fused_mlp,
-                                                  cluster=attn_cluster, qkv_parts=qkv_parts)
+                                                  cluster=attn_cluster, qkv_parts=qkv_parts, kv_apart=kv_apart)
         self.sched: Schedule = sched
         self.fused_mlp = sched.fused_mlp
         # Attention staging after the working buffers (mk_attention.cuh): per position its K row (bf16, padded by
@@ -254,8 +260,10 @@ class Monokernel:
             return t2
 
         self.layer_tab = (MkLayer * cfg.n_layers)()
-        # ATTNQ (qkv_parts): W_qkv and its bias in the parts' order, each part one run of rows (schedule.attnq_order)
-        order = torch.tensor(attnq_order(self.dims, self.sched.qkv_parts), device=dev) if self.sched.qkv_parts else None
+        # ATTNQ (qkv_parts): W_qkv and its bias in the parts' order, each part one run of rows (schedule.attnq_order;
+        # with kv_apart that is W_qkv's own order)
+        order = torch.tensor(attnq_order(self.dims, self.sched.qkv_parts), device=dev) \
+            if self.sched.qkv_parts and not self.sched.kv_apart else None
         for i, lw in enumerate(model.layers):
             # the fused MLP reads Wd^T (its DOWN share is a slice of Wd's columns): one transposed copy per layer
             wdt = w(lw.wd.t()) if self.fused_mlp else None
@@ -324,7 +332,8 @@ class Monokernel:
                  self.n_sm, isa.NTHREADS, len(ins), sc.n_splits, self.attn_min_pos, self.attn_min_splits, self.smem,
                  "fused" if self.fused_mlp else "GATEUP + DOWN",
                  (f"attention combined in clusters of {self.attn_cluster}"
-                  + (f", QKV inside them ({sc.qkv_parts} parts per kv head)" if sc.qkv_parts else ""))
+                  + (f", QKV inside them ({sc.qkv_parts} parts per kv head"
+                     f"{', k / v apart' if sc.kv_apart else ''})" if sc.qkv_parts else ""))
                  if self.attn_cluster else "no clusters")
         if self.n_side:
             log.info("monokernel: side launch of %d CTAs on the SMs the clusters leave idle (%d instructions/step "

@@ -66,6 +66,7 @@ class Schedule:
     cluster: int = 0                  # CTAs per thread-block cluster (0: none); see build
     cluster_ctas: int = 0             # with cluster: the clustered CTAs, the first ones (the rest: a side launch)
     qkv_parts: int = 0                # with cluster: parts per kv head of the ATTNQ layout (0: QKV + ATTN); see build
+    kv_apart: bool = False            # with qkv_parts: k / v rows by QKV instructions outside the parts; see build
 
     @property
     def n_lm(self) -> int:
@@ -141,6 +142,7 @@ def sampler_fits(n_records: int, sampler_floats: int) -> bool:
 # Layers whose weights stream in less than this many bytes run the attention in clusters (attn_cluster_model).
 CLUSTER_LAYER_BYTES = 48 << 20
 CLUSTER_SIZE = 16
+H200_CLUSTERS = 7   # clusters of CLUSTER_SIZE an H200 keeps resident with the kernel's shared memory (of 132 SMs)
 
 
 def layer_weight_bytes(dm: Dims) -> int:
@@ -155,9 +157,13 @@ def attn_cluster_model(dm: Dims) -> int:
     layers more than it saves. Measured (bench/NOTES.md, session 13, ctx 512, clusters of 8): 0.5B (30 MB per layer)
     658 vs 684 us/token; Llama-1B (122 MB) 879 vs 862; 1.5B (94 MB) 1355 vs 1311. Clusters of 16 (twice the splits
     per kv head, half the positions each) against 8 on 0.5B with the engine's 4,096-position cache (session 20):
-    616 vs 623 at ctx 512, 635 vs 644 at 1,024, 675 vs 683 at 2,048, 704 vs 776 at 4,096. The schedule also needs
-    q heads x head_dim per kv head a multiple of 32."""
-    if (dm.group * dm.head_dim) % 32 or layer_weight_bytes(dm) > CLUSTER_LAYER_BYTES:
+    616 vs 623 at ctx 512, 635 vs 644 at 1,024, 675 vs 683 at 2,048, 704 vs 776 at 4,096. Bigger layers launch in
+    clusters when an H200's clusters hold their ATTNQ layout with k / v apart (qkv_parts_default(kv_apart=True)):
+    1.5B 1,109 / 1,187 us/token at ctx 512 / 2,048 against the plain launch's 1,133 / 1,191 (session 29). The
+    schedule also needs q heads x head_dim per kv head a multiple of 32."""
+    if (dm.group * dm.head_dim) % 32:
+        return 0
+    if layer_weight_bytes(dm) > CLUSTER_LAYER_BYTES and not qkv_parts_default(dm, CLUSTER_SIZE, H200_CLUSTERS, True):
         return 0
     return CLUSTER_SIZE
 
@@ -254,9 +260,10 @@ def qkv_part_heads(group: int, parts: int) -> list[tuple[int, int]]:
     return out
 
 
-def attnq_rows(dims: Dims, gq: int) -> int:
-    """q / k / v rows of an ATTNQ part with gq q heads: its q heads' rows, then the kv head's k and v rows."""
-    return (gq + 2) * dims.head_dim
+def attnq_rows(dims: Dims, gq: int, kv_apart: bool = False) -> int:
+    """q / k / v rows of an ATTNQ part with gq q heads: its q heads' rows, then the kv head's k and v rows (with
+    kv_apart the q heads' rows only: build's docstring)."""
+    return (gq + (0 if kv_apart else 2)) * dims.head_dim
 
 
 def attnq_row(dims: Dims, head: int, j0: int, gq: int, r: int) -> int:
@@ -269,25 +276,31 @@ def attnq_row(dims: Dims, head: int, j0: int, gq: int, r: int) -> int:
     return dims.q_dim + dims.kv_dim + head * hd + r - (gq + 1) * hd
 
 
-def attnq_part_start(dims: Dims, n_parts: int, head: int, j0: int, k: int) -> int:
+def attnq_part_start(dims: Dims, n_parts: int, head: int, j0: int, k: int, kv_apart: bool = False) -> int:
     """The first row of part k (first q head j0) of kv head `head` in attnq_order: every part before it holds its q
-    heads' rows and its own copy of the kv head's k and v rows."""
+    heads' rows and its own copy of the kv head's k and v rows (with kv_apart its q heads' rows only: W_qkv's own
+    order)."""
+    if kv_apart:
+        return (head * dims.group + j0) * dims.head_dim
     return (head * (dims.group + 2 * n_parts) + j0 + 2 * k) * dims.head_dim
 
 
-def _attnq_part_splits(dims: Dims, gq: int, cluster: int) -> bool:
+def _attnq_part_splits(dims: Dims, gq: int, cluster: int, kv_apart: bool = False) -> bool:
     """A part of gq q heads splits over `cluster` ranks: its rows evenly, its q heads warp-uniformly."""
-    return attnq_rows(dims, gq) % cluster == 0 and (gq * dims.head_dim) % 32 == 0
+    return attnq_rows(dims, gq, kv_apart) % cluster == 0 and (gq * dims.head_dim) % 32 == 0
 
 
-def qkv_parts_default(dims: Dims, cluster: int, n_clusters: int) -> int:
+def qkv_parts_default(dims: Dims, cluster: int, n_clusters: int, kv_apart: bool = False) -> int:
     """The ATTNQ layout's parts per kv head a cluster launch starts with (runtime.Monokernel qkv_parts=None): the
     most that the clusters hold (a cluster per part) whose rows per rank all fit one early-load batch of the matvec
-    (2 rows per warp); 0 (QKV + ATTN) when none does. The most, not the fewest: on the 0.5B shape 3 parts ran
-    542 us/token at context 512 against 560 for 2 and 552 for QKV + ATTN (bench/NOTES.md, session 28: with 2 parts
-    the 64 CTAs that ran a layer's attention finished its MLP last; with 3 the attention is spread over 96)."""
-    for parts in range(min(dims.group, n_clusters // dims.n_kv), 0, -1):
-        if all(_attnq_part_splits(dims, gq, cluster) and attnq_rows(dims, gq) // cluster <= 2 * isa.NWARPS
+    (2 rows per warp with rows of up to 32 x MV_UNROLL chunks, 1 with longer ones: items_per_row); 0 (QKV + ATTN)
+    when none does. The most, not the fewest: on the 0.5B shape 3 parts ran 542 us/token at context 512 against 560
+    for 2 and 552 for QKV + ATTN (bench/NOTES.md, session 28: with 2 parts the 64 CTAs that ran a layer's attention
+    finished its MLP last; with 3 the attention is spread over 96). kv_apart: the parts hold q rows only (build),
+    and at least one cluster is left for the k / v rows."""
+    batch = 2 * isa.NWARPS // items_per_row(dims.d)
+    for parts in range(min(dims.group, (n_clusters - kv_apart) // dims.n_kv), 0, -1):
+        if all(_attnq_part_splits(dims, gq, cluster, kv_apart) and attnq_rows(dims, gq, kv_apart) // cluster <= batch
                for _, gq in qkv_part_heads(dims.group, parts)):
             return parts
     return 0
@@ -302,7 +315,7 @@ def attnq_order(dims: Dims, parts: int) -> list[int]:
 
 
 def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = False, cluster: int = 0,
-          cluster_ctas: int | None = None, qkv_parts: int = 0) -> Schedule:
+          cluster_ctas: int | None = None, qkv_parts: int = 0, kv_apart: bool = False) -> Schedule:
     """cluster > 0: the kernel runs in thread-block clusters of that many CTAs and each kv head's attention has
     exactly `cluster` splits, split s on rank s of one cluster (the head's cluster rotates with the layer); every split
     merges its share of the head's outputs over distributed shared memory and signals ATTN_DONE
@@ -313,7 +326,13 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
     each part runs as ATTNQ instructions on one cluster (split s on rank s), which compute the part's q / k / v rows
     themselves (rank r its r-th 1 / cluster of them) and share them over distributed shared memory: the QKV -> ATTN
     handoff through L2 and the counters is gone; k and v are computed by each of a kv head's P clusters. The
-    n_kv x P parts of a layer take distinct clusters, rotating with the layer."""
+    n_kv x P parts of a layer take distinct clusters, rotating with the layer.
+    kv_apart (with qkv_parts): the parts compute their q heads' rows only, in W_qkv's own order; the k and v rows are
+    QKV instructions on the CTAs that run no part in the layer (the other clusters' and the side launch's), which
+    write them to qkv and bump the layer's QKV counter as the QKV stage does. Only each part's split holding pos
+    needs them (its step's K / V row): it waits for that counter (for the producers per step its aux names,
+    isa.OPS) after the part's q exchange, so the k / v matvec runs beside the parts' instead of adding its rows to
+    theirs."""
     if cluster:
         if cluster not in (2, 4, 8, 16):
             raise ValueError(f"cluster {cluster}: 2, 4, 8 or 16 CTAs")
@@ -331,7 +350,7 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
             raise ValueError(f"qkv_parts {qkv_parts}: {dims.n_kv} x {qkv_parts} parts need as many clusters "
                              f"({cluster_ctas // cluster})")
         for j0, gq in qkv_part_heads(dims.group, qkv_parts):
-            if not _attnq_part_splits(dims, gq, cluster):
+            if not _attnq_part_splits(dims, gq, cluster, kv_apart):
                 raise ValueError(f"qkv_parts {qkv_parts}: a part of {gq} q heads does not split over {cluster} ranks")
     if dims.d % 8 or dims.ffn % 8 or dims.q_dim % 8:
         raise ValueError("hidden, ffn and q dims must be multiples of 8 (16-byte weight loads)")
@@ -360,17 +379,26 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
     if fused_mlp:   # an MLP instruction takes a GATEUP instruction's rows; no DOWN instructions
         rows["MLP"], counts["MLP"] = rows.pop("GATEUP"), counts.pop("GATEUP")
         del rows["DOWN"], counts["DOWN"]
+    if kv_apart and not qkv_parts:
+        raise ValueError("kv_apart needs qkv_parts")
     parts = qkv_part_heads(dims.group, qkv_parts) if qkv_parts else []
+    n_free = n_sm - dims.n_kv * qkv_parts * cluster   # CTAs without a part in a layer (kv_apart's QKV rows)
     if parts:   # ATTNQ instead of QKV and ATTN: a rank's share of its part's rows
         del rows["QKV"], counts["QKV"]
-        rows["ATTNQ"] = max(attnq_rows(dims, gq) for _, gq in parts) // cluster
+        if kv_apart:
+            if n_free <= 0:
+                raise ValueError("kv_apart: no CTA is left without a part for the k / v rows")
+            rows["QKV"] = _rows_per_instr(2 * dims.kv_dim, dims.d, n_free, 1)
+            counts["QKV"] = math.ceil(2 * dims.kv_dim / rows["QKV"])
+        rows["ATTNQ"] = max(attnq_rows(dims, gq, kv_apart) for _, gq in parts) // cluster
         counts["ATTN"] = dims.n_kv * qkv_parts * cluster
         if not _red_fits(rows["ATTNQ"], dims.d, 1):
             raise ValueError(f"qkv_parts {qkv_parts}: {rows['ATTNQ']} rows per rank do not fit the partial sums")
     L = dims.n_layers
     sched = Schedule(dims=dims, n_sm=n_sm, n_splits=n_splits, rows=rows, counts=counts,
                      per_sm=[[] for _ in range(n_sm)], n_counters=isa.n_counters(L, dims.n_kv), fused_mlp=fused_mlp,
-                     cluster=cluster, cluster_ctas=cluster_ctas if cluster else 0, qkv_parts=qkv_parts)
+                     cluster=cluster, cluster_ctas=cluster_ctas if cluster else 0, qkv_parts=qkv_parts,
+                     kv_apart=kv_apart)
     # the stage whose counter the residual's consumers (next QKV, LMHEAD) wait for, and its producers per step
     last, last_ctr = ("MLP", isa.CTR_GATEUP) if fused_mlp else ("DOWN", isa.CTR_DOWN)
     cursor = 0
@@ -409,15 +437,24 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
             w_ctr, w_n = ci(layer - 1, last_ctr), counts[last]
         if parts:   # part u = h P + k of this layer on cluster (layer n_kv P + u) mod n_clusters, split s on rank s
             n_cl, P = cluster_ctas // cluster, len(parts)
+            used = set()
             for h in range(dims.n_kv):
                 for k, (j0, gq) in enumerate(parts):
                     c = (layer * dims.n_kv * P + h * P + k) % n_cl
-                    row0 = attnq_part_start(dims, P, h, j0, k)
-                    rr = attnq_rows(dims, gq) // cluster
+                    used.add(c)
+                    row0 = attnq_part_start(dims, P, h, j0, k, kv_apart)
+                    rr = attnq_rows(dims, gq, kv_apart) // cluster
                     for sp in range(cluster):
                         sched.per_sm[c * cluster + sp].append(
                             (isa.OPS["ATTNQ"], layer, row0 + sp * rr, rr, w_ctr, w_n, j0 | gq << 8 | h << 16 | sp << 24,
-                             ci(layer, isa.CTR_ATTN_DONE)))
+                             ci(layer, isa.CTR_ATTN_DONE) | counts.get("QKV", 0) << isa.AUX_KV_SHIFT))
+            if kv_apart:   # the k / v rows on the CTAs of the unused clusters, then the side launch's
+                free = [c * cluster + r for c in range(n_cl) if c not in used for r in range(cluster)]
+                free += list(range(cluster_ctas, n_sm))
+                r_kv = rows["QKV"]
+                for i, r0 in enumerate(range(dims.q_dim, dims.q_dim + 2 * dims.kv_dim, r_kv)):
+                    n = min(r_kv, dims.q_dim + 2 * dims.kv_dim - r0)
+                    sched.per_sm[free[i]].append((isa.OPS["QKV"], layer, r0, n, w_ctr, w_n, ci(layer, isa.CTR_QKV), 0))
             cursor += counts["ATTN"]
             emit(matvec("OPROJ", layer, ci(layer, isa.CTR_ATTN_DONE), counts["ATTN"], ci(layer, isa.CTR_OPROJ)))
             emit(matvec("MLP" if fused_mlp else "GATEUP", layer, ci(layer, isa.CTR_OPROJ), counts["OPROJ"],
@@ -516,8 +553,8 @@ def check(sched: Schedule) -> None:
     rank = 0
     stages = ("QKV", "ATTN", "OPROJ", "MLP") if sched.fused_mlp else ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN")
     parts = qkv_part_heads(dm.group, sched.qkv_parts) if sched.qkv_parts else []
-    if parts:
-        stages = ("ATTNQ",) + stages[2:]
+    if parts:   # kv_apart: the k / v rows' QKV instructions come first (the parts' pos splits wait for them)
+        stages = ("QKV",) * sched.kv_apart + ("ATTNQ",) + stages[2:]
     for layer in range(L):
         for op in stages:
             order[(layer, isa.OPS[op])] = rank
@@ -526,7 +563,8 @@ def check(sched: Schedule) -> None:
     order[(0, isa.OPS["SAMPLE"])] = rank + 1
     signallers: dict[int, int] = {}
     covered: dict[tuple[int, int], np.ndarray] = {}
-    sizes = {"QKV": dm.q_dim + 2 * dm.kv_dim, "OPROJ": dm.d, "GATEUP": dm.ffn, "DOWN": dm.d, "LMHEAD": dm.vocab,
+    q_off = dm.q_dim if sched.kv_apart else 0   # kv_apart: QKV instructions cover the k / v rows only
+    sizes = {"QKV": dm.q_dim + 2 * dm.kv_dim - q_off, "OPROJ": dm.d, "GATEUP": dm.ffn, "DOWN": dm.d, "LMHEAD": dm.vocab,
              "ATTN": dm.n_kv * sched.n_splits, "MLP": dm.ffn, "ATTNQ": dm.n_kv * len(parts) * sched.n_splits}
     for sm, lst in enumerate(sched.per_sm):
         last = -1
@@ -546,16 +584,21 @@ def check(sched: Schedule) -> None:
                 j0, gq, h, sp = sc & 255, (sc >> 8) & 255, (sc >> 16) & 255, sc >> 24
                 k = parts.index((j0, gq))
                 assert sm % sched.cluster == sp, f"{ins}: split {sp} on rank {sm % sched.cluster}"
-                rr = attnq_rows(dm, gq) // sched.cluster
-                assert (a0, a1) == (attnq_part_start(dm, len(parts), h, j0, k) + sp * rr, rr), \
+                rr = attnq_rows(dm, gq, sched.kv_apart) // sched.cluster
+                assert (a0, a1) == (attnq_part_start(dm, len(parts), h, j0, k, sched.kv_apart) + sp * rr, rr), \
                     f"{ins}: not its rank's rows of the part"
                 cov[(h * len(parts) + k) * sched.n_splits + sp] += 1
+                assert aux >> isa.AUX_KV_SHIFT == (sched.counts["QKV"] if sched.kv_apart else 0), \
+                    f"{ins}: not the layer's k / v producers"
+                aux &= (1 << isa.AUX_KV_SHIFT) - 1
                 signallers[aux] = signallers.get(aux, 0) + 1
             elif name == "SAMPLE":
                 cov[0] += 1
                 signallers[sc] = signallers.get(sc, 0) + 1
             else:
-                cov[a0:a0 + a1] += 1
+                o = q_off if name == "QKV" else 0
+                assert a0 >= o, f"{ins}: a q row outside the parts"
+                cov[a0 - o:a0 - o + a1] += 1
                 signallers[sc] = signallers.get(sc, 0) + 1
     for key, cov in covered.items():
         assert (cov == 1).all(), f"stage {key} rows not covered exactly once"
@@ -570,3 +613,7 @@ def check(sched: Schedule) -> None:
                     f"{ins}: exchanged wait for {wn}, {signallers.get(wc)} local signallers"
             else:
                 assert signallers.get(wc) == wn, f"{ins}: waits for {wn} signals, {signallers.get(wc)} exist"
+    if sched.kv_apart:   # the parts' pos splits wait for counts["QKV"] k / v producers (their aux)
+        for layer in range(L):
+            n = signallers.get(isa.counter_index(layer, isa.CTR_QKV))
+            assert n == sched.counts["QKV"], f"layer {layer}: {n} k / v producers, {sched.counts['QKV']} counted"

@@ -137,7 +137,8 @@ class Twin:
             if done[i]:
                 return False
             if pushed[i] is not None:   # an ATTNQ waiting for its cluster's other ranks' shares
-                return len(blocks[pushed[i]]) == sc.cluster
+                return len(blocks[pushed[i]]) == sc.cluster and self._kv_ready(sc.per_sm[i][ptr[i]], step_of[i],
+                                                                               locals_run)
             s = step_of[i]
             if ptr[i] == 0 and ctr[tok_ctr] < s + 1:
                 return False
@@ -147,6 +148,7 @@ class Twin:
             wc, wn = lst[ptr[i]][4], lst[ptr[i]][5]
             return ctr[wc] >= (s + 1) * wn
 
+        locals_run = locals()
         while not all(done):
             ready = [i for i in range(sc.n_sm) if runnable(i)]
             if not ready:
@@ -246,7 +248,7 @@ class Twin:
             return
         elif name == "ATTNQ":
             self._attnq(ins, step, pos, env)
-            ctr[aux] += 1
+            ctr[aux & ((1 << isa.AUX_KV_SHIFT) - 1)] += 1
             return
         elif name == "OPROJ":
             self._expect(tags["attn"], _tag(step, layer, isa.OPS["ATTN"]), "attn", ins)
@@ -306,7 +308,7 @@ class Twin:
             raise ScheduleError(f"{ins}: ATTNQ split {split} on CTA {i} (clusters of {sc.cluster})")
         w = self.layers[layer]
         xn = self._norm(self._residual(env["x"], layer - 1, step, ins, env), w.ln1.cpu())
-        rr = attnq_rows(dm, gq) // sc.cluster
+        rr = attnq_rows(dm, gq, sc.kv_apart) // sc.cluster
         rows = [attnq_row(dm, head, j0, gq, r) for r in range(split * rr, (split + 1) * rr)]
         y = w.wqkv[rows].float().cpu() @ xn
         if w.bqkv is not None:
@@ -329,10 +331,17 @@ class Twin:
         key = env["pushed"][env["i"]]
         v = torch.cat([env["blocks"][key][r] for r in range(sc.cluster)])
         q = self._rope(v[:gq * hd].view(gq, hd).clone(), pos)
-        k_new, v_new = self._rope(v[gq * hd:(gq + 1) * hd].clone(), pos), v[(gq + 1) * hd:]
         n = pos + 1
         s_eff = attn_splits_in_use(n, S, env["attn_min_pos"], env["attn_min_splits"], env["kv_stage_pos"])
         p0, p1 = (split * n // s_eff, (split + 1) * n // s_eff) if split < s_eff else (0, 0)
+        if not sc.kv_apart:
+            k_new, v_new = self._rope(v[gq * hd:(gq + 1) * hd].clone(), pos), v[(gq + 1) * hd:]
+        elif split == s_eff - 1:   # kv_apart: the row from qkv, once the layer's QKV instructions wrote it (_kv_ready)
+            qd, kvd = dm.q_dim, dm.kv_dim
+            ks, vs = slice(qd + head * hd, qd + (head + 1) * hd), slice(qd + kvd + head * hd, qd + kvd + (head + 1) * hd)
+            for sl, nm in ((ks, "k"), (vs, "v")):
+                self._expect(env["tags"]["qkv"][sl], _tag(step, layer, isa.OPS["QKV"]), nm, ins)
+            k_new, v_new = self._rope(env["qkv"][ks].clone(), pos), env["qkv"][vs].clone()
         kt = _tag(step, layer, isa.OPS["ATTN"])
         slot, kc, vc, kv_tag = env["slot"], env["k_cache"], env["v_cache"], env["kv_tag"]
         if split == s_eff - 1 and j0 == 0:   # part 0's split holding pos appends this step's K / V
@@ -367,6 +376,19 @@ class Twin:
             rows = slice((head * g + j0) * hd, (head * g + j0 + gq) * hd)
             env["attn"][rows] = (num / den[:, None]).reshape(-1)
             env["tags"]["attn"][rows] = kt
+
+    def _kv_ready(self, ins, step: int, env) -> bool:
+        """With kv_apart: whether ATTNQ `ins` may go on after its part's exchange. Only the split holding pos waits
+        (for the k / v producers its aux names, on the layer's QKV counter: mk_attention.cuh op_attnq)."""
+        kvn = ins[7] >> isa.AUX_KV_SHIFT
+        if not kvn:
+            return True
+        n = env["pos0"] + step + 1
+        s_eff = attn_splits_in_use(n, self.s.n_splits, env["attn_min_pos"], env["attn_min_splits"],
+                                   env["kv_stage_pos"])
+        if ins[6] >> 24 != s_eff - 1:
+            return True
+        return env["ctr"][isa.counter_index(ins[1], isa.CTR_QKV)] >= (step + 1) * kvn
 
     def _h_rows(self, x: torch.Tensor, layer: int, a0: int, a1: int) -> torch.Tensor:
         """h[a0:a0 + a1] = silu(gate rows . xn) * (up rows . xn), xn = RMSNorm(x) with ln2 (GATEUP and MLP)."""

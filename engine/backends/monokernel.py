@@ -125,6 +125,7 @@ class MonokernelBackend(Backend):
         self.stats["attn_cluster"] = self.mk.attn_cluster
         self.stats["side_ctas"] = self.mk.n_side   # the side launch next to the clusters (kernels/runtime.py)
         self.stats["qkv_parts"] = self.mk.sched.qkv_parts   # QKV inside the clusters (0: its own stage)
+        self.stats["kv_apart"] = self.mk.sched.kv_apart     # their k / v rows on the CTAs without attention
         self._logits = torch.empty(1, model.cfg.vocab_size, dtype=torch.float32, device=model.device)
         self._clock_sums: dict[str, list] = {}     # _LaunchClock totals over all launches
         # Completion prefill replays CUDA graphs (eager launch overhead was ~20 ms on the 1.5B model).
@@ -158,7 +159,8 @@ class MonokernelBackend(Backend):
         return (f"monokernel ({self.mk.n_sm} CTAs, {sum(map(len, s.per_sm))} instructions/step, "
                 f"{'fused MLP' if self.mk.fused_mlp else 'GATEUP + DOWN'}, "
                 f"{f'attention in clusters of {self.mk.attn_cluster}' if self.mk.attn_cluster else 'no clusters'}"
-                f"{f', QKV inside them in {s.qkv_parts} parts per kv head' if s.qkv_parts else ''})")
+                f"{f', QKV inside them in {s.qkv_parts} parts per kv head' if s.qkv_parts else ''}"
+                f"{' (k / v on the other CTAs)' if s.kv_apart else ''})")
 
     def prefill(self, slot, ids, start_pos, all_logits=False):
         out = self.prefill_graphs.prefill(slot, ids, start_pos, all_logits)

@@ -213,7 +213,7 @@ MK_DEV int attn_cluster_combine(const MkParams& p, const int* ins, int ii, int s
         attn_lanes_combine(m, den, num, NR);
         if (s == 0) dst_o[e] = num / den;
     }
-    signal_ctr(p, p.ctr + ins[MK_F_AUX]);
+    signal_ctr(p, p.ctr + (ins[MK_F_AUX] & ((1 << MK_AUX_KV_SHIFT) - 1)));   // ATTNQ: k / v producers above
     return 0;
 }
 #endif
@@ -389,23 +389,33 @@ MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos,
 #if MK_CLUSTER
 // ATTNQ's q heads and this step's K / V row, from the part's rows in shared memory (qkv: gq q heads, then k, then v):
 // the rotated, scaled q tile as attn_q_and_append's; with `row` (the split holding pos) the rotated K and the V row
-// into staged chunk 0, and with `append` (part 0's) into the cache. Caller syncs.
+// into staged chunk 0, and with `append` (part 0's) into the cache. kg: with kv_apart the step's k row in the
+// global qkv[] (its v row kv_dim after it), written by other CTAs (read past L1), else null. Caller syncs.
 template <int HD>
-MK_DEV void attnq_q_and_row(const MkParams& p, const float* qkv, int gq, int pos, int p0, int cap, mk_bf16* qh,
-                            mk_bf16* kc, mk_bf16* vc, mk_bf16* stk, mk_bf16* stv, bool row, bool append) {
+MK_DEV void attnq_q_and_row(const MkParams& p, const float* qkv, const float* kg, int gq, int pos, int p0, int cap,
+                            mk_bf16* qh, mk_bf16* kc, mk_bf16* vc, mk_bf16* stk, mk_bf16* stv, bool row, bool append) {
     constexpr int HALF = HD / 2;
     const int nq = gq * HD, nt = nq + (row ? HD : 0);
     for (int t = threadIdx.x; t < nt; t += NT) {
         const bool isq = t < nq;
-        const int i = isq ? t % HD : t - nq;
-        const float* src = qkv + (isq ? t - i : nq);
-        const float a = src[i], b = src[i < HALF ? i + HALF : i - HALF];
+        const int i = isq ? t % HD : t - nq, ib = i < HALF ? i + HALF : i - HALF;
+        float a, b, v = 0.f;
+        if (isq || !kg) {
+            const float* src = qkv + (isq ? t - i : nq);
+            a = src[i];
+            b = src[ib];
+            if (!isq) v = qkv[nq + HD + i];
+        } else {
+            a = mk_ld_cg(kg + i);
+            b = mk_ld_cg(kg + ib);
+            v = mk_ld_cg(kg + p.kv_dim + i);
+        }
         const float r = rope_rotate<HD>(p, a, b, pos, i);
         if (isq) {
             attn_q_store<HD>(qh, t / HD, i, r * p.attn_scale);
             continue;
         }
-        const mk_bf16 kb = mk_f2bf(r), vb = mk_f2bf(qkv[nq + HD + i]);
+        const mk_bf16 kb = mk_f2bf(r), vb = mk_f2bf(v);
         if (append) {
             kc[(size_t)pos * HD + i] = kb;
             vc[(size_t)pos * HD + i] = vb;
@@ -421,7 +431,10 @@ MK_DEV void attnq_q_and_row(const MkParams& p, const float* qkv, int gq, int pos
 // factor rs still to apply; bias rows through m), rank = split. Pushes them (with bias) to every rank's qkv region,
 // waits for every rank's, then runs the part's gq q heads as ATTN runs its group: q and the step's K / V row from
 // shared memory (part 0's split holding pos appends it), the position loop, the cluster combine into attn[] (which
-// bumps ATTN_DONE). Returns op_attn's.
+// bumps ATTN_DONE). With kv_apart (schedule.build; aux's upper bits) the part's rows are its q heads' only and the
+// split holding pos first waits for the layer's QKV counter, then takes the K / V row from qkv[] (adding that row
+// after the split's cached positions instead, a pass of its own, was slower: bench/NOTES.md, session 29).
+// Returns op_attn's.
 template <int HD>
 MK_DEV int op_attnq(const MkParams& p, const int* ins, int ii, int step, int pos, float* sm, int* sflag,
                     const AttnStep& as, ClusterRecv& cr, const float* out, float rs, const RowMap& m, int R,
@@ -448,9 +461,14 @@ MK_DEV int op_attnq(const MkParams& p, const int* ins, int ii, int step, int pos
     mk_bf16* kc = p.k_cache + row0 * HD;
     mk_bf16* vc = p.v_cache + row0 * HD;
     mk_bf16* qh = (mk_bf16*)sm;
+    const int kvn = ins[MK_F_AUX] >> MK_AUX_KV_SHIFT;   // kv_apart: the k / v rows' producers per step, else 0
     if (split < S_eff) {   // CTA-uniform
-        attnq_q_and_row<HD>(p, cr.qkv, gq, pos, p0, cap, qh, kc, vc, stk, stv, split == S_eff - 1,
-                            split == S_eff - 1 && j0 == 0);
+        const bool row = split == S_eff - 1;
+        if (kvn > 0 && row &&   // the step's K / V row from the QKV instructions outside the part
+            !wait_ctr(p, p.ctr + layer * MK_CTR_PER_LAYER + MK_CTR_QKV, (unsigned)((step + 1) * kvn), step, sflag))
+            return -1;
+        attnq_q_and_row<HD>(p, cr.qkv, kvn > 0 ? p.qkv + p.q_dim + head * HD : nullptr, gq, pos, p0, cap, qh, kc, vc,
+                            stk, stv, row, row && j0 == 0);
         attn_chunks<HD>(p, step, ii, gq, p0, p1, cap, qh, stk, stv, sc, kc, vc, sm + p.sm_red);
     }
     return attn_cluster_combine<HD>(p, ins, ii, step, gq, p.attn + (size_t)(head * p.group + j0) * HD, split, S_eff,

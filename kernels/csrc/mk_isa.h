@@ -22,6 +22,8 @@
 #define MK_INSTR_WORDS 8
 #define MK_LAYER_WORDS 16
 #define MK_CTR_PER_LAYER 5
+#define MK_CTR_QKV 0
+#define MK_AUX_KV_SHIFT 16
 #define MK_TOPK 8
 #define MK_REC_WORDS 24
 #define MK_NTHREADS 512

@@ -119,7 +119,7 @@ class _FakeKernel:
         _FakeKernel.made.append(attn_cluster)
 
 
-@pytest.mark.parametrize("name,cluster", [("qwen2.5-coder-0.5b", 16), ("qwen2.5-coder-1.5b", 0)])
+@pytest.mark.parametrize("name,cluster", [("qwen2.5-coder-0.5b", 16), ("llama-3.2-1b", 0)])
 @pytest.mark.parametrize("fail", [False, True])
 def test_monokernel_cluster_launch_choice_and_fallback(monkeypatch, caplog, name, cluster, fail):
     """The backend launches in clusters where schedule.attn_cluster_model picks them; a cluster launch that cannot

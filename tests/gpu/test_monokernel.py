@@ -331,9 +331,11 @@ def test_attention_clusters_match_the_default_launch(name, cs):
 @pytest.mark.parametrize("name", [SHAPES[0], SHAPES[2]])
 def test_qkv_inside_the_clusters_matches_qkv_and_attn(name):
     """Monokernel(attn_cluster=16, qkv_parts=P): no QKV stage, each part of a kv head's q heads computes its q / k / v
-    rows on its own cluster and shares them over distributed shared memory (schedule.build(qkv_parts=...)). With the
-    engine's default parts, with 3 parts and with the QKV stage (0): teacher-forced logits match the fp32 reference,
-    the layouts agree to rounding, each repeats to the bit, and the KV cache holds the same rows."""
+    rows on its own cluster and shares them over distributed shared memory (schedule.build(qkv_parts=...)); with
+    kv_apart the parts compute q rows only and the CTAs without a part the k / v rows. With the engine's default
+    parts, with 3 parts, with 3 parts and kv_apart (also run alone, without the side launch: the free cluster takes
+    the k / v rows) and with the QKV stage (0): teacher-forced logits match the fp32 reference, the layouts agree to
+    rounding, each repeats to the bit, and the KV cache holds the same rows."""
     from kernels.runtime import Monokernel
     from kernels.schedule import qkv_parts_default
     s = setup_for(name)
@@ -342,27 +344,31 @@ def test_qkv_inside_the_clusters_matches_qkv_and_attn(name):
     ref = torch.stack([s.m32.forward(s.k32, s.v32, 0, s.ids[PROMPT + j:PROMPT + j + 1].cuda(), PROMPT + j)
                        for j in range(steps)])
     outs, kvs = {}, {}
-    for parts in (None, 3, 0):
-        mk = Monokernel(s.m16, s.k16, s.v16, max_steps=steps + 8, attn_cluster=16, side=True, qkv_parts=parts)
+    for parts, kv_apart, alone in ((0, False, False), (None, False, False), (3, False, False), (3, True, False),
+                                   (3, True, True)):
+        mk = Monokernel(s.m16, s.k16, s.v16, max_steps=steps + 8, attn_cluster=16, side=True, qkv_parts=parts,
+                        kv_apart=kv_apart)
         want = qkv_parts_default(mk.dims, 16, mk.n_main // 16) if parts is None else parts
-        assert mk.sched.qkv_parts == want
+        assert mk.sched.qkv_parts == want and mk.sched.kv_apart == kv_apart
+        if alone:
+            mk.side_wait_ns = 0
         runs = []
         for _ in range(2):
             s.restore()
             out = torch.full((steps, s.cfg.vocab_size), float("nan"), device="cuda")
             mk.run(0, forced[0], PROMPT, steps, forced=forced, logits_out=out)
             runs.append(out)
-        assert not mk.ran_alone()
-        assert torch.equal(runs[0], runs[1]), f"qkv_parts {want}: a rerun changed a bit"
-        outs[want], kvs[want] = runs[0], s.k16[:, :, :, PROMPT:PROMPT + steps].float().clone()
+        assert mk.ran_alone() == alone
+        key = f"qkv_parts {want}{' kv_apart' if kv_apart else ''}{' alone' if alone else ''}"
+        assert torch.equal(runs[0], runs[1]), f"{key}: a rerun changed a bit"
+        outs[key], kvs[key] = runs[0], s.k16[:, :, :, PROMPT:PROMPT + steps].float().clone()
         del mk
-    base = outs[0]
-    for parts, out in outs.items():
+    base, kv0 = outs["qkv_parts 0"], kvs["qkv_parts 0"]
+    for key, out in outs.items():
         err = max(rel(out[j], ref[j]) for j in range(steps))
         between = max(rel(out[j], base[j]) for j in range(steps))
-        kv = rel(kvs[parts].flatten(), kvs[0].flatten())
-        print(f"\n{name}: qkv_parts {parts}: teacher-forced rel L2 max {err:.2e}, vs QKV + ATTN {between:.2e}, "
-              f"K cache {kv:.2e}")
+        kv = rel(kvs[key].flatten(), kv0.flatten())
+        print(f"\n{name}: {key}: teacher-forced rel L2 max {err:.2e}, vs QKV + ATTN {between:.2e}, K cache {kv:.2e}")
         assert err <= 1e-2 and between <= 2e-3 and kv <= 1e-2
 
 

@@ -80,15 +80,21 @@ def test_matvec_item_count(k):
     assert schedule.items_per_row(k) == -(-(k // 8) // (32 * isa.MV_UNROLL))
 
 
-@pytest.mark.parametrize("name,cluster", [("qwen2.5-coder-0.5b", 16), ("llama-3.2-1b", 0), ("qwen2.5-coder-1.5b", 0)])
+@pytest.mark.parametrize("name,cluster", [("qwen2.5-coder-0.5b", 16), ("llama-3.2-1b", 0), ("qwen2.5-coder-1.5b", 16),
+                                          ("dense-2b", 0), ("qwen2.5-coder-3b", 0)])
 def test_attention_cluster_per_model(name, cluster):
-    # the measured winners for the three bench shapes (bench/NOTES.md, sessions 13 and 20): clusters for small layers
-    # only, of 16
+    # the measured winners for the bench shapes (bench/NOTES.md, sessions 13, 20 and 29): clusters of 16 for small
+    # layers, and for bigger ones whose ATTNQ layout with k / v apart fits an H200's 7 clusters (1.5B)
     dims = schedule.Dims.of(preset(name))
     assert schedule.attn_cluster_model(dims) == cluster
-    assert (schedule.layer_weight_bytes(dims) <= schedule.CLUSTER_LAYER_BYTES) == bool(cluster)
-    if cluster:   # and the schedule it picks builds on the 112 CTAs an H200 holds in clusters of 16
-        assert schedule.build(dims, 112, cluster=cluster).cluster == cluster
+    small = schedule.layer_weight_bytes(dims) <= schedule.CLUSTER_LAYER_BYTES
+    fits = schedule.qkv_parts_default(dims, 16, schedule.H200_CLUSTERS, kv_apart=True) > 0
+    assert (small or fits) == bool(cluster)
+    if cluster:   # and the schedule it picks builds on the 112 CTAs an H200 holds in clusters of 16, with the side
+        s = schedule.build(dims, 132, cluster=cluster, cluster_ctas=112, fused_mlp=True,
+                           qkv_parts=schedule.qkv_parts_default(dims, 16, 7, kv_apart=True), kv_apart=True)
+        schedule.check(s)
+        assert s.cluster == cluster
 
 
 def test_attention_cluster_needs_warp_uniform_heads():
@@ -242,22 +248,26 @@ def test_side_launch_schedule_and_its_alone_schedule_share_one_layout(name):
     assert lay.smem - 4 * lay.sm_tab == 4 * max(schedule.tables_floats(both), schedule.tables_floats(alone))
 
 
-@pytest.mark.parametrize("name,cluster,n_clusters,want", [
-    ("qwen2.5-coder-0.5b", 16, 7, 3),    # 7 q heads in 3 / 2 / 2: 20 / 16 rows per rank (2 parts: 24 rows)
-    ("qwen2.5-coder-1.5b", 16, 7, 3),    # 6 q heads in 2 / 2 / 2: 32 rows per rank, one early-load batch
-    ("qwen2.5-coder-1.5b", 8, 14, 0),    # 8 ranks: every layout has more than 32 rows per rank
-    ("llama-3.2-1b", 16, 7, 0),          # 8 kv heads do not fit 7 clusters even in one part each
+@pytest.mark.parametrize("name,cluster,n_clusters,kv_apart,want", [
+    ("qwen2.5-coder-0.5b", 16, 7, False, 3),   # 7 q heads in 3 / 2 / 2: 20 / 16 rows per rank (2 parts: 24 rows)
+    ("qwen2.5-coder-0.5b", 16, 7, True, 3),    # q rows only: 12 / 8 rows per rank
+    ("qwen2.5-coder-1.5b", 16, 7, False, 0),   # rows of 1,536: 16 per batch; 2 q heads + k + v: 32 rows per rank
+    ("qwen2.5-coder-1.5b", 16, 7, True, 3),    # 6 q heads in 2 / 2 / 2, q rows only: 16 rows per rank
+    ("qwen2.5-coder-1.5b", 8, 14, False, 0),   # 8 ranks: every layout has more than 16 rows per rank
+    ("qwen2.5-coder-1.5b", 8, 14, True, 6),    # one q head per part: 16 rows per rank, 12 of the 14 clusters
+    ("llama-3.2-1b", 16, 7, True, 0),          # 8 kv heads do not fit 7 clusters even in one part each
 ])
-def test_qkv_parts_default_takes_the_most_parts_that_fit(name, cluster, n_clusters, want):
-    """The ATTNQ layout's default parts: the most that the clusters hold with every rank's q / k / v rows in one
-    early-load batch; the layout it names builds and checks on the H200's cluster launch."""
+def test_qkv_parts_default_takes_the_most_parts_that_fit(name, cluster, n_clusters, kv_apart, want):
+    """The ATTNQ layout's default parts: the most that the clusters hold with every rank's q / k / v rows (q rows
+    with kv_apart) in one early-load batch (16 warps x 2 rows, of 1 row past 1,024 columns); the layout it names
+    builds and checks on the H200's cluster launch."""
     dims = schedule.Dims.of(preset(name))
-    got = schedule.qkv_parts_default(dims, cluster, n_clusters)
+    got = schedule.qkv_parts_default(dims, cluster, n_clusters, kv_apart)
     assert got == want
     if got:
         for parts in range(got + 1, dims.group + 1):   # more parts than the default: past the clusters
             assert dims.n_kv * parts > n_clusters
-        s = schedule.build(dims, n_sm=cluster * n_clusters, fused_mlp=True, cluster=cluster,
-                           cluster_ctas=cluster * n_clusters, qkv_parts=got)
+        s = schedule.build(dims, n_sm=cluster * n_clusters + 20, fused_mlp=True, cluster=cluster,
+                           cluster_ctas=cluster * n_clusters, qkv_parts=got, kv_apart=kv_apart)
         schedule.check(s)
-        assert s.rows["ATTNQ"] <= 2 * isa.NWARPS
+        assert s.rows["ATTNQ"] * schedule.items_per_row(dims.d) <= 2 * isa.NWARPS

@@ -106,25 +106,37 @@ def test_cluster_schedule_logits_equal_reference(shape, n_sm, cs, cl_ctas, fused
 # (q heads per kv head, head_dim, parts, n_sm, cluster, cluster CTAs): the 0.5B layout's 7 q heads in 3 / 2 / 2 and
 # 4 / 3, a group of 4 in 2 parts, with and without a side launch
 ATTNQ_CASES = [(7, 32, 3, 52, 8, 48), (7, 32, 2, 32, 8, 32), (4, 16, 2, 34, 8, 32), (4, 16, 1, 16, 8, 16)]
+# kv_apart needs CTAs without a part: the side launch's, and with 5 clusters for 4 parts a free cluster that rotates
+ATTNQ_KV_CASES = [(7, 32, 3, 52, 8, 48), (4, 16, 2, 34, 8, 32), (7, 32, 2, 48, 8, 40)]
 
 
-@pytest.mark.parametrize("group,hd,parts,n_sm,cs,cl_ctas", ATTNQ_CASES)
+@pytest.mark.parametrize("group,hd,parts,n_sm,cs,cl_ctas,kv_apart",
+                         [c + (False,) for c in ATTNQ_CASES] + [c + (True,) for c in ATTNQ_KV_CASES])
 @pytest.mark.parametrize("fused", [False, True], ids=["gateup-down", "fused-mlp"])
-def test_attnq_schedule_logits_equal_reference(group, hd, parts, n_sm, cs, cl_ctas, fused):
+def test_attnq_schedule_logits_equal_reference(group, hd, parts, n_sm, cs, cl_ctas, kv_apart, fused):
     """schedule.build(qkv_parts=P): no QKV stage; each kv head's q heads in P parts, each part's q / k / v rows
     computed by the ranks of its cluster (rank r its share, pushed to every rank, then waited for) before the part's
-    attention. Teacher-forced logits equal the reference; the KV cache gets every step's row exactly once."""
+    attention. With kv_apart the parts compute q rows only and QKV instructions on the CTAs without a part compute
+    the k / v rows, which each part's split holding pos waits for. Teacher-forced logits equal the reference; the
+    KV cache gets every step's row exactly once."""
     cfg = tiny_cfg(n_heads=2 * group, n_kv_heads=2, head_dim=hd, hidden_size=96)
     model = tiny_model(cfg, seed=group + parts)
     prompt, forced, k_tw, v_tw, k_ref, v_ref, ref = _teacher_forced(model, cfg, n_sm)
     sched = schedule.build(schedule.Dims.of(cfg), n_sm=n_sm, fused_mlp=fused, cluster=cs, cluster_ctas=cl_ctas,
-                           qkv_parts=parts)
+                           qkv_parts=parts, kv_apart=kv_apart)
     schedule.check(sched)
     ops = {ins[0] for lst in sched.per_sm for ins in lst}
-    assert isa.OPS["QKV"] not in ops and isa.OPS["ATTN"] not in ops and isa.OPS["ATTNQ"] in ops
-    # the kernel's rows of an ATTNQ rank (a1 rows of W_qkv in attnq_order from a0, as a QKV instruction's) are the
-    # part's rows the twin computes
-    dm, order = schedule.Dims.of(cfg), schedule.attnq_order(schedule.Dims.of(cfg), parts)
+    assert (isa.OPS["QKV"] in ops) == kv_apart and isa.OPS["ATTN"] not in ops and isa.OPS["ATTNQ"] in ops
+    if kv_apart:   # the k / v rows only, none on a CTA that runs a part of the same layer
+        for sm, lst in enumerate(sched.per_sm):
+            for ins in lst:
+                if ins[0] == isa.OPS["QKV"]:
+                    assert ins[2] >= cfg.n_heads * hd
+                    assert not any(i[0] == isa.OPS["ATTNQ"] and i[1] == ins[1] for i in lst)
+    # the kernel's rows of an ATTNQ rank (a1 rows of W_qkv in attnq_order from a0, as a QKV instruction's; with
+    # kv_apart W_qkv's own order) are the part's rows the twin computes
+    dm = schedule.Dims.of(cfg)
+    order = list(range(dm.q_dim)) if kv_apart else schedule.attnq_order(dm, parts)
     for ins in (i for lst in sched.per_sm for i in lst if i[0] == isa.OPS["ATTNQ"]):
         j0, gq, h, sp = ins[6] & 255, (ins[6] >> 8) & 255, (ins[6] >> 16) & 255, ins[6] >> 24
         assert order[ins[2]:ins[2] + ins[3]] == [schedule.attnq_row(dm, h, j0, gq, r)
@@ -170,6 +182,32 @@ def test_attnq_rank_that_never_pushes_deadlocks_and_bad_layouts_are_refused():
     bad.per_sm[0][i] = ins[:6] + (ins[6] & 0xffffff | 1 << 24,) + ins[7:]
     with pytest.raises(AssertionError, match="on rank"):
         schedule.check(bad)
+
+
+def test_kv_apart_split_waits_for_every_kv_row_and_bad_layouts_are_refused():
+    """kv_apart: a part's split holding pos waits for the layer's k / v producers its aux names. One QKV instruction
+    dropped: the twin reports a deadlock; an aux that names one producer too few is refused by check, and so is a
+    schedule with no CTA left for the k / v rows."""
+    cfg = tiny_cfg(n_heads=8, n_kv_heads=2, head_dim=16, hidden_size=96)
+    model = tiny_model(cfg)
+    dm = schedule.Dims.of(cfg)
+    sched = schedule.build(dm, n_sm=34, fused_mlp=True, cluster=8, cluster_ctas=32, qkv_parts=2, kv_apart=True)
+    schedule.check(sched)
+    sm = next(i for i, lst in enumerate(sched.per_sm) if any(ins[0] == isa.OPS["QKV"] for ins in lst))
+    sched.per_sm[sm] = [ins for ins in sched.per_sm[sm] if not (ins[0] == isa.OPS["QKV"] and ins[1] == 1)]
+    k, v = _prefill(model, cfg, [1, 2, 3])
+    with pytest.raises(ScheduleError, match="deadlock"):
+        Twin(model, sched, rope_inv_freq(cfg)).run(k, v, 1, 3, 3, 2, attn_min_pos=2)
+    bad = schedule.build(dm, n_sm=34, fused_mlp=True, cluster=8, cluster_ctas=32, qkv_parts=2, kv_apart=True)
+    i = next(j for j, ins in enumerate(bad.per_sm[0]) if ins[0] == isa.OPS["ATTNQ"])
+    ins = bad.per_sm[0][i]
+    bad.per_sm[0][i] = ins[:7] + (ins[7] - (1 << isa.AUX_KV_SHIFT),)
+    with pytest.raises(AssertionError, match="k / v producers"):
+        schedule.check(bad)
+    with pytest.raises(ValueError, match="no CTA is left"):
+        schedule.build(dm, n_sm=32, cluster=8, cluster_ctas=32, qkv_parts=2, kv_apart=True)
+    with pytest.raises(ValueError, match="needs qkv_parts"):
+        schedule.build(dm, n_sm=34, cluster=8, cluster_ctas=32, kv_apart=True)
 
 
 def test_cluster_schedule_refuses_what_the_kernel_cannot_run():
