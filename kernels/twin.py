@@ -338,7 +338,8 @@ class Twin:
             k_new, v_new = self._rope(v[gq * hd:(gq + 1) * hd].clone(), pos), v[(gq + 1) * hd:]
         elif split == s_eff - 1:   # kv_apart: the row from qkv, once the layer's QKV instructions wrote it (_kv_ready)
             qd, kvd = dm.q_dim, dm.kv_dim
-            ks, vs = slice(qd + head * hd, qd + (head + 1) * hd), slice(qd + kvd + head * hd, qd + kvd + (head + 1) * hd)
+            ks = slice(qd + head * hd, qd + (head + 1) * hd)
+            vs = slice(qd + kvd + head * hd, qd + kvd + (head + 1) * hd)
             for sl, nm in ((ks, "k"), (vs, "v")):
                 self._expect(env["tags"]["qkv"][sl], _tag(step, layer, isa.OPS["QKV"]), nm, ins)
             k_new, v_new = self._rope(env["qkv"][ks].clone(), pos), env["qkv"][vs].clone()

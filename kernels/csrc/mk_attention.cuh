@@ -18,10 +18,15 @@ MK_DEV int attn_splits(const MkParams& p, int n) {
 // head's g x HD; p0[s_eff] = n, e0[s_eff] = g x HD. Filled once per step at its start (attn_step_fill; the step's
 // first wait syncs it), read by every ATTN instruction of the step: computing them per instruction after its wait
 // took ~0.45 us of each layer's chain (integer divisions, ncu source counters: bench/NOTES.md, session 24).
+// rc / rs: RoPE's cos and sin of the step's position (n - 1) per frequency, for every layer's q and K rotation
+// (rope_rotate), computed before the step's first wait instead of by each attention on the chain: the same sincosf
+// of the same arguments (the same bits), the q stage -0.06..-0.15 us per layer (bench/NOTES.md, session 29).
 struct AttnStep {
     int s_eff;
     int p0[MK_MAX_SPLITS + 1];
     int e0[MK_MAX_SPLITS + 1];
+    float rc[MK_HEAD_DIM / 2];
+    float rs[MK_HEAD_DIM / 2];
 };
 
 MK_DEV void attn_step_fill(const MkParams& p, int n, AttnStep& a) {
@@ -30,6 +35,7 @@ MK_DEV void attn_step_fill(const MkParams& p, int n, AttnStep& a) {
         a.p0[s] = (int)((long long)s * n / S);
         a.e0[s] = (int)((long long)s * E / S);
     }
+    for (int i = threadIdx.x; i < MK_HEAD_DIM / 2; i += NT) sincosf((float)(n - 1) * p.inv_freq[i], &a.rs[i], &a.rc[i]);
     if (threadIdx.x == 0) a.s_eff = S;
 }
 
@@ -263,12 +269,12 @@ MK_DEV void attn_merge_slice(const MkParams& p, int head, int split, const AttnS
     }
 }
 
-// RoPE of element i of a head (rotate-half pairing): a = x[i], b = x[i + HD / 2] for i < HD / 2, else x[i - HD / 2].
+// RoPE of element i of a head at the step's position (rotate-half pairing): a = x[i], b = x[i + HD / 2] for
+// i < HD / 2, else x[i - HD / 2]; cos / sin from the step's table (attn_step_fill).
 template <int HD>
-MK_DEV float rope_rotate(const MkParams& p, float a, float b, int pos, int i) {
+MK_DEV float rope_rotate(const AttnStep& as, float a, float b, int i) {
     constexpr int HALF = HD / 2;
-    float s, c;
-    sincosf((float)pos * p.inv_freq[i % HALF], &s, &c);
+    const float c = as.rc[i % HALF], s = as.rs[i % HALF];
     return i < HALF ? a * c - b * s : a * c + b * s;
 }
 
@@ -276,8 +282,8 @@ MK_DEV float rope_rotate(const MkParams& p, float a, float b, int pos, int i) {
 // K / V row rotated into the cache and into staged chunk 0: one flat list of (g + append) x HD elements over the
 // threads, so the append's loads go out with the q loads (threads without a q element take it).
 template <int HD>
-MK_DEV void attn_q_and_append(const MkParams& p, int head, int pos, int p0, int cap, mk_bf16* qh, mk_bf16* kc,
-                              mk_bf16* vc, mk_bf16* stk, mk_bf16* stv, bool append) {
+MK_DEV void attn_q_and_append(const MkParams& p, const AttnStep& as, int head, int pos, int p0, int cap, mk_bf16* qh,
+                              mk_bf16* kc, mk_bf16* vc, mk_bf16* stk, mk_bf16* stv, bool append) {
     constexpr int HALF = HD / 2;
     const int nq = p.group * HD, nt = nq + (append ? HD : 0);
     for (int t = threadIdx.x; t < nt; t += NT) {
@@ -286,7 +292,7 @@ MK_DEV void attn_q_and_append(const MkParams& p, int head, int pos, int p0, int 
         const float* src = isq ? p.qkv + (size_t)head * nq + t - i : p.qkv + p.q_dim + head * HD;
         const float a = mk_ld_cg(src + i), b = mk_ld_cg(src + (i < HALF ? i + HALF : i - HALF));
         const float v = isq ? 0.f : mk_ld_cg(p.qkv + p.q_dim + p.kv_dim + head * HD + i);
-        const float r = rope_rotate<HD>(p, a, b, pos, i);
+        const float r = rope_rotate<HD>(as, a, b, i);
         if (isq) {
             attn_q_store<HD>(qh, t / HD, i, r * p.attn_scale);
             continue;
@@ -361,7 +367,7 @@ MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos,
     mk_bf16* vc = p.v_cache + row0 * HD;
     mk_bf16* qh = (mk_bf16*)sm;                   // rotated, scaled q as hi / lo rows (attn_q_store)
     if (split < S_eff) {   // CTA-uniform: the barriers inside are safe
-        attn_q_and_append<HD>(p, head, pos, p0, cap, qh, kc, vc, stk, stv, split == S_eff - 1);
+        attn_q_and_append<HD>(p, as, head, pos, p0, cap, qh, kc, vc, stk, stv, split == S_eff - 1);
 #if MK_CLUSTER   // the partial stays in this CTA's partial-sum region, which it pushes to its cluster peers
         float* part = sm + p.sm_red;
 #else
@@ -392,8 +398,9 @@ MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos,
 // into staged chunk 0, and with `append` (part 0's) into the cache. kg: with kv_apart the step's k row in the
 // global qkv[] (its v row kv_dim after it), written by other CTAs (read past L1), else null. Caller syncs.
 template <int HD>
-MK_DEV void attnq_q_and_row(const MkParams& p, const float* qkv, const float* kg, int gq, int pos, int p0, int cap,
-                            mk_bf16* qh, mk_bf16* kc, mk_bf16* vc, mk_bf16* stk, mk_bf16* stv, bool row, bool append) {
+MK_DEV void attnq_q_and_row(const MkParams& p, const AttnStep& as, const float* qkv, const float* kg, int gq, int pos,
+                            int p0, int cap, mk_bf16* qh, mk_bf16* kc, mk_bf16* vc, mk_bf16* stk, mk_bf16* stv,
+                            bool row, bool append) {
     constexpr int HALF = HD / 2;
     const int nq = gq * HD, nt = nq + (row ? HD : 0);
     for (int t = threadIdx.x; t < nt; t += NT) {
@@ -410,7 +417,7 @@ MK_DEV void attnq_q_and_row(const MkParams& p, const float* qkv, const float* kg
             b = mk_ld_cg(kg + ib);
             v = mk_ld_cg(kg + p.kv_dim + i);
         }
-        const float r = rope_rotate<HD>(p, a, b, pos, i);
+        const float r = rope_rotate<HD>(as, a, b, i);
         if (isq) {
             attn_q_store<HD>(qh, t / HD, i, r * p.attn_scale);
             continue;
@@ -467,8 +474,8 @@ MK_DEV int op_attnq(const MkParams& p, const int* ins, int ii, int step, int pos
         if (kvn > 0 && row &&   // the step's K / V row from the QKV instructions outside the part
             !wait_ctr(p, p.ctr + layer * MK_CTR_PER_LAYER + MK_CTR_QKV, (unsigned)((step + 1) * kvn), step, sflag))
             return -1;
-        attnq_q_and_row<HD>(p, cr.qkv, kvn > 0 ? p.qkv + p.q_dim + head * HD : nullptr, gq, pos, p0, cap, qh, kc, vc,
-                            stk, stv, row, row && j0 == 0);
+        const float* kg = kvn > 0 ? p.qkv + p.q_dim + head * HD : nullptr;
+        attnq_q_and_row<HD>(p, as, cr.qkv, kg, gq, pos, p0, cap, qh, kc, vc, stk, stv, row, row && j0 == 0);
         attn_chunks<HD>(p, step, ii, gq, p0, p1, cap, qh, stk, stv, sc, kc, vc, sm + p.sm_red);
     }
     return attn_cluster_combine<HD>(p, ins, ii, step, gq, p.attn + (size_t)(head * p.group + j0) * HD, split, S_eff,
