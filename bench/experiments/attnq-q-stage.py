@@ -1,0 +1,70 @@
+"""What the ATTNQ q stage is made of (bench/NOTES.md, session 29), from the stamps of 100-mk-attnq-q-stamps.patch
+(trace words 6: the part's matvec done, 7: every rank's rows in; the patch keeps word 3 at the end of the norm):
+ready -> norm -> matvec -> exchange -> rotate (+ the k / v wait of the split holding pos) -> loop -> merge, per ATTNQ
+record and for each part's slowest split. Trace records of steps 60 and 100 of a 256-token launch at ctx 512 (the
+engine's launch) go to $OUT/attnq_q_<shape>.json.
+usage: cp -r . /tmp/p100 && cd /tmp/p100 && git apply bench/experiments/100-mk-attnq-q-stamps.patch &&
+       OUT=<dir> python3 bench/experiments/attnq-q-stage.py <shape>
+       python3 bench/experiments/attnq-q-stage.py --from <json>   (the analysis of a saved dump, any tree)"""
+import json
+import os
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+SEGMENTS = (("norm", "t_ready", "t_mv"), ("matvec", "t_mv", "t_x6"), ("exchange", "t_x6", "t_x7"),
+            ("rotate (+ k / v wait)", "t_x7", "t_q"), ("loop", "t_q", "t_loop"), ("merge", "t_loop", "t_done"))
+
+
+def report(recs_by_step: dict, attnq: int, cluster: int = 16) -> None:
+    all_seg, slow_seg, skew = defaultdict(list), defaultdict(list), []
+    for recs in recs_by_step.values():
+        parts = defaultdict(list)
+        for r in recs:
+            if r["op"] == attnq and r.get("t_x7"):
+                parts[(r["layer"], r["sm"] // cluster)].append(r)
+        for rs in parts.values():
+            busy = [r for r in rs if r["t_q"]]   # splits with positions
+            for r in busy:
+                for name, a, b in SEGMENTS:
+                    all_seg[name].append(r[b] - r[a])
+            last = max(busy, key=lambda r: r["t_q"])
+            for name, a, b in SEGMENTS[:4]:
+                slow_seg[name].append(last[b] - last[a])
+            holds_pos = last["sm"] % cluster == max(r["sm"] % cluster for r in busy)   # split S_eff - 1
+            slow_seg["is the split holding pos"].append(1e3 * holds_pos)
+            skew.append(max(r["t_ready"] for r in rs) - min(r["t_ready"] for r in rs))
+    med = lambda v: statistics.median(v) / 1e3   # noqa: E731
+    print("segment, median over the busy splits (us), then the part's slowest split (latest q ready)")
+    for name, _, _ in SEGMENTS:
+        slow = med(slow_seg[name]) if name in slow_seg else float("nan")
+        print(f"  {name:24s} {med(all_seg[name]):6.2f}   {slow:6.2f}")
+    print(f"  slowest split holds pos in {100 * statistics.mean(slow_seg['is the split holding pos']) / 1e3:.0f} % of "
+          f"parts; ready skew over a part's ranks {med(skew):.2f} us")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from kernels import isa
+    if sys.argv[1] == "--from":
+        report(json.load(open(sys.argv[2])), isa.OPS["ATTNQ"])
+        sys.exit(0)
+    if isa.TRACE_WORDS < 8:
+        raise SystemExit("apply bench/experiments/100-mk-attnq-q-stamps.patch first (8 trace words)")
+    from bench.decode import random_setup
+    from kernels.runtime import Monokernel
+    from kernels.schedule import Dims, attn_cluster_model
+    name = sys.argv[1]
+    cfg, model, cache = random_setup(name, 512 + 256 + 64)
+    mk = Monokernel(model, cache.k, cache.v, max_steps=320, attn_cluster=attn_cluster_model(Dims.of(cfg)))
+    mk.run(0, 1234, 512, 32)
+    recs = {}
+    for step in (60, 100):
+        mk.enable_trace(step)
+        mk.run(0, 1234, 512, 256)
+        recs[str(step)] = mk.trace_records()
+    mk.enable_trace(None)
+    with open(os.path.join(os.environ.get("OUT", "/tmp"), f"attnq_q_{name}.json"), "w") as f:
+        json.dump(recs, f)
+    report(recs, isa.OPS["ATTNQ"])
