@@ -1,7 +1,8 @@
 """What the ATTNQ q stage is made of (bench/NOTES.md, session 29), from the stamps of 100-mk-attnq-q-stamps.patch
-(trace words 6: the part's matvec done, 7: every rank's rows in; the patch keeps word 3 at the end of the norm):
-ready -> norm -> matvec -> exchange -> rotate (+ the k / v wait of the split holding pos) -> loop -> merge, per ATTNQ
-record and for each part's slowest split. Trace records of steps 60 and 100 of a 256-token launch at ctx 512 (the
+(trace words 6: the part's matvec done, 7: every rank's rows in, 8: q and the row rotated; the patch keeps word 3 at
+the end of the norm): ready -> norm -> matvec -> exchange -> rotate (+ the k / v wait of the split holding pos) ->
+staging (attn_chunks' cp.async wait and barrier) -> loop -> merge, per ATTNQ record and for each part's slowest
+split. Dumps of the session-29 patch (8 words) have no word 8: their "rotate" runs to q ready. Trace records of steps 60 and 100 of a 256-token launch at ctx 512 (the
 engine's launch) go to $OUT/attnq_q_<shape>.json.
 usage: cp -r . /tmp/p100 && cd /tmp/p100 && git apply bench/experiments/100-mk-attnq-q-stamps.patch &&
        OUT=<dir> python3 bench/experiments/attnq-q-stage.py <shape>
@@ -14,12 +15,15 @@ from collections import defaultdict
 from pathlib import Path
 
 SEGMENTS = (("norm", "t_ready", "t_mv"), ("matvec", "t_mv", "t_x6"), ("exchange", "t_x6", "t_x7"),
-            ("rotate (+ k / v wait)", "t_x7", "t_q"), ("loop", "t_q", "t_loop"), ("merge", "t_loop", "t_done"))
+            ("rotate (+ k / v wait)", "t_x7", "t_x8"), ("staging", "t_x8", "t_q"), ("loop", "t_q", "t_loop"),
+            ("merge", "t_loop", "t_done"))
 
 
 def report(recs_by_step: dict, attnq: int, cluster: int = 16) -> None:
     all_seg, slow_seg, skew = defaultdict(list), defaultdict(list), []
     for recs in recs_by_step.values():
+        for r in recs:   # an 8-word dump: rotate runs to q ready, staging is 0
+            r.setdefault("t_x8", r["t_q"])
         parts = defaultdict(list)
         for r in recs:
             if r["op"] == attnq and r.get("t_x7"):
@@ -30,7 +34,7 @@ def report(recs_by_step: dict, attnq: int, cluster: int = 16) -> None:
                 for name, a, b in SEGMENTS:
                     all_seg[name].append(r[b] - r[a])
             last = max(busy, key=lambda r: r["t_q"])
-            for name, a, b in SEGMENTS[:4]:
+            for name, a, b in SEGMENTS[:5]:
                 slow_seg[name].append(last[b] - last[a])
             holds_pos = last["sm"] % cluster == max(r["sm"] % cluster for r in busy)   # split S_eff - 1
             slow_seg["is the split holding pos"].append(1e3 * holds_pos)
@@ -50,8 +54,8 @@ if __name__ == "__main__":
     if sys.argv[1] == "--from":
         report(json.load(open(sys.argv[2])), isa.OPS["ATTNQ"])
         sys.exit(0)
-    if isa.TRACE_WORDS < 8:
-        raise SystemExit("apply bench/experiments/100-mk-attnq-q-stamps.patch first (8 trace words)")
+    if isa.TRACE_WORDS < 9:
+        raise SystemExit("apply bench/experiments/100-mk-attnq-q-stamps.patch first (9 trace words)")
     from bench.decode import random_setup
     from kernels.runtime import Monokernel
     from kernels.schedule import Dims, attn_cluster_model
