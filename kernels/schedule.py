@@ -299,7 +299,7 @@ def qkv_parts_default(dims: Dims, cluster: int, n_clusters: int, kv_apart: bool 
     finished its MLP last; with 3 the attention is spread over 96). kv_apart: the parts hold q rows only (build),
     and at least one cluster is left for the k / v rows."""
     batch = 2 * isa.NWARPS // items_per_row(dims.d)
-    for parts in range(min(dims.group, (n_clusters - kv_apart) // dims.n_kv), 0, -1):
+    for parts in range(min(dims.group, (n_clusters - (1 if kv_apart else 0)) // dims.n_kv), 0, -1):
         if all(_attnq_part_splits(dims, gq, cluster, kv_apart) and attnq_rows(dims, gq, kv_apart) // cluster <= batch
                for _, gq in qkv_part_heads(dims.group, parts)):
             return parts
