@@ -123,13 +123,19 @@ def test_head_dim_96_small_shape_matches_fp32_reference():
     check_teacher_forced(setup_for(HD96), HD96, steps=64)
 
 
-def test_long_context_8k():
+@pytest.mark.parametrize("name,launch", [("qwen2.5-coder-0.5b", "plain"), ("qwen2.5-coder-0.5b", "engine"),
+                                         ("qwen2.5-coder-1.5b", "engine")])
+def test_long_context_8k(name, launch):
+    """Positions 8,190-8,197 of a random model against the fp32 reference: the plain launch, and the launch the engine
+    picks (schedule.attn_cluster_model: clusters of 16 with the side launch, ATTNQ parts and k / v apart for both
+    shapes), whose 16 splits per kv head then hold ~512 positions each."""
     from engine.config import preset
     from kernels.runtime import Monokernel
+    from kernels.schedule import Dims, attn_cluster_model
     from kernels.testing import random_model, upcast
     _cache.clear()
     torch.cuda.empty_cache()
-    cfg = preset("qwen2.5-coder-0.5b")
+    cfg = preset(name)
     P, N, ML = 8190, 8, 8256
     m16 = random_model(cfg, max_len=ML, seed=3)
     m32 = upcast(m16)
@@ -141,11 +147,15 @@ def test_long_context_8k():
     v16 = torch.full(shape, float("nan"), device="cuda", dtype=torch.bfloat16)
     k16[:, :, :, :P], v16[:, :, :, :P] = k32[:, :, :, :P].bfloat16(), v32[:, :, :, :P].bfloat16()
     ref = torch.stack([m32.forward(k32, v32, 0, ids[P + j:P + j + 1], P + j) for j in range(N)])
-    mk = Monokernel(m16, k16, v16, max_steps=64)
+    cluster = attn_cluster_model(Dims.of(cfg)) if launch == "engine" else 0
+    mk = Monokernel(m16, k16, v16, max_steps=64, attn_cluster=cluster)
+    if launch == "engine":
+        assert cluster and mk.sched.kv_apart
     out = torch.empty(N, cfg.vocab_size, device="cuda")
     mk.run(0, int(ids[P]), P, N, forced=ids[P:].tolist(), logits_out=out)
+    assert not mk.ran_alone()
     errs = [rel(out[j], ref[j]) for j in range(N)]
-    print(f"\nlong context pos {P}..{P + N - 1}: rel L2 max {max(errs):.2e}")
+    print(f"\n{name} {launch} launch, long context pos {P}..{P + N - 1}: rel L2 max {max(errs):.2e}")
     assert max(errs) <= 1e-2
 
 
