@@ -452,9 +452,9 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
                 free = [c * cluster + r for c in range(n_cl) if c not in used for r in range(cluster)]
                 free += list(range(cluster_ctas, n_sm))
                 r_kv = rows["QKV"]
-                for i, r0 in enumerate(range(dims.q_dim, dims.q_dim + 2 * dims.kv_dim, r_kv)):
-                    n = min(r_kv, dims.q_dim + 2 * dims.kv_dim - r0)
-                    sched.per_sm[free[i]].append((isa.OPS["QKV"], layer, r0, n, w_ctr, w_n, ci(layer, isa.CTR_QKV), 0))
+                for i, r0 in enumerate(range(dims.q_dim, qkv_m, r_kv)):
+                    sched.per_sm[free[i]].append((isa.OPS["QKV"], layer, r0, min(r_kv, qkv_m - r0), w_ctr, w_n,
+                                                  ci(layer, isa.CTR_QKV), 0))
             cursor += counts["ATTN"]
             emit(matvec("OPROJ", layer, ci(layer, isa.CTR_ATTN_DONE), counts["ATTN"], ci(layer, isa.CTR_OPROJ)))
             emit(matvec("MLP" if fused_mlp else "GATEUP", layer, ci(layer, isa.CTR_OPROJ), counts["OPROJ"],
@@ -554,7 +554,7 @@ def check(sched: Schedule) -> None:
     stages = ("QKV", "ATTN", "OPROJ", "MLP") if sched.fused_mlp else ("QKV", "ATTN", "OPROJ", "GATEUP", "DOWN")
     parts = qkv_part_heads(dm.group, sched.qkv_parts) if sched.qkv_parts else []
     if parts:   # kv_apart: the k / v rows' QKV instructions come first (the parts' pos splits wait for them)
-        stages = ("QKV",) * sched.kv_apart + ("ATTNQ",) + stages[2:]
+        stages = (("QKV",) if sched.kv_apart else ()) + ("ATTNQ",) + stages[2:]
     for layer in range(L):
         for op in stages:
             order[(layer, isa.OPS[op])] = rank

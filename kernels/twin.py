@@ -137,8 +137,9 @@ class Twin:
             if done[i]:
                 return False
             if pushed[i] is not None:   # an ATTNQ waiting for its cluster's other ranks' shares
-                return len(blocks[pushed[i]]) == sc.cluster and self._kv_ready(sc.per_sm[i][ptr[i]], step_of[i],
-                                                                               locals_run)
+                s = step_of[i]
+                return len(blocks[pushed[i]]) == sc.cluster and self._kv_ready(
+                    sc.per_sm[i][ptr[i]], s, pos0 + s, ctr, (attn_min_pos, attn_min_splits, kv_stage_pos))
             s = step_of[i]
             if ptr[i] == 0 and ctr[tok_ctr] < s + 1:
                 return False
@@ -148,7 +149,6 @@ class Twin:
             wc, wn = lst[ptr[i]][4], lst[ptr[i]][5]
             return ctr[wc] >= (s + 1) * wn
 
-        locals_run = locals()
         while not all(done):
             ready = [i for i in range(sc.n_sm) if runnable(i)]
             if not ready:
@@ -378,18 +378,16 @@ class Twin:
             env["attn"][rows] = (num / den[:, None]).reshape(-1)
             env["tags"]["attn"][rows] = kt
 
-    def _kv_ready(self, ins, step: int, env) -> bool:
-        """With kv_apart: whether ATTNQ `ins` may go on after its part's exchange. Only the split holding pos waits
-        (for the k / v producers its aux names, on the layer's QKV counter: mk_attention.cuh op_attnq)."""
+    def _kv_ready(self, ins, step: int, pos: int, ctr: np.ndarray, split_rule: tuple[int, int, int]) -> bool:
+        """With kv_apart: whether ATTNQ `ins` may go on after its part's exchange at `step` (position pos). Only the
+        split holding pos waits (for the k / v producers its aux names, on the layer's QKV counter: mk_attention.cuh
+        op_attnq). split_rule: run's (attn_min_pos, attn_min_splits, kv_stage_pos)."""
         kvn = ins[7] >> isa.AUX_KV_SHIFT
         if not kvn:
             return True
-        n = env["pos0"] + step + 1
-        s_eff = attn_splits_in_use(n, self.s.n_splits, env["attn_min_pos"], env["attn_min_splits"],
-                                   env["kv_stage_pos"])
-        if ins[6] >> 24 != s_eff - 1:
+        if ins[6] >> 24 != attn_splits_in_use(pos + 1, self.s.n_splits, *split_rule) - 1:
             return True
-        return env["ctr"][isa.counter_index(ins[1], isa.CTR_QKV)] >= (step + 1) * kvn
+        return ctr[isa.counter_index(ins[1], isa.CTR_QKV)] >= (step + 1) * kvn
 
     def _h_rows(self, x: torch.Tensor, layer: int, a0: int, a1: int) -> torch.Tensor:
         """h[a0:a0 + a1] = silu(gate rows . xn) * (up rows . xn), xn = RMSNorm(x) with ln2 (GATEUP and MLP)."""
