@@ -309,7 +309,8 @@ def qkv_parts_default(dims: Dims, cluster: int, n_clusters: int, kv_apart: bool 
 def attnq_order(dims: Dims, parts: int) -> list[int]:
     """The [q; k; v] weight rows in the ATTNQ layout's order (runtime.Monokernel keeps W_qkv and its bias this way):
     for each kv head, each part's rows (attnq_row) one after the other, so a part is one run of rows starting at
-    attnq_part_start; each part has its own copy of the kv head's k and v rows. An ATTNQ instruction's a0 / a1 are its rank's rows there, as a QKV instruction's in W_qkv."""
+    attnq_part_start; each part has its own copy of the kv head's k and v rows. An ATTNQ instruction's a0 / a1 are
+    its rank's rows there, as a QKV instruction's in W_qkv."""
     return [attnq_row(dims, h, j0, gq, r) for h in range(dims.n_kv) for j0, gq in qkv_part_heads(dims.group, parts)
             for r in range(attnq_rows(dims, gq))]
 
