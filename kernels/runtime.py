@@ -41,6 +41,22 @@ def smem_optin(props) -> int:
     return getattr(props, "shared_memory_per_block_optin", 227 * 1024) - 1024
 
 
+# The shared-memory carveout (per SM, of the 256 KiB it shares with the L1; Hopper's steps: ..., 132, 164, 196, 228
+# KiB) the staging stays within where it can (schedule.smem_layout l1_keep): above it the L1 drops to 60 KiB or
+# less and every layer's q stage and merge slow down. Measured (bench/NOTES.md, session 31, us/token at ctx 512):
+# 0.5B launched with 185 KB of shared memory instead of 106 KB +21; 1.5B staging 148 positions (169 KiB with the
+# static part) 1,108 against 128 positions (158 KiB) 1,093, with a 4,020-position cache (252 positions, 226 KiB)
+# 1,140 against 1,094 at ctx 512 and 1,289 against 1,279 at ctx 3,700 (two staged chunks per split). 0.5B at 138
+# KB (a 164 KiB carveout) runs as fast as at 106 KB.
+L1_KEEP_CARVEOUT = 164 * 1024
+
+
+def l1_keep_bytes(props) -> int:
+    """Bytes of smem_optin that a layout leaves unused to stay within L1_KEEP_CARVEOUT (1 KiB of it is the
+    driver's per CTA)."""
+    return max(0, getattr(props, "shared_memory_per_block_optin", 227 * 1024) - (L1_KEEP_CARVEOUT - 1024))
+
+
 def no_token_message(step: int) -> str:
     return (f"monokernel: no finite logit at step {step} (every logit NaN or -inf; broken weights or an overflow): "
             "the launch stopped there")
@@ -124,7 +140,8 @@ class Monokernel:
         attention splits on one cluster, combined over distributed shared memory (schedule.build(cluster=...));
         n_sm defaults to every resident cluster. n_splits: attention position splits per kv head in the schedule it
         builds (default: as many as the SMs allow, schedule.build). kv_stage_cap: at most this many attention
-        positions staged per chunk (schedule.smem_layout; default: as many as shared memory holds).
+        positions staged per chunk (schedule.smem_layout; default: as many as shared memory holds, within
+        L1_KEEP_CARVEOUT where 128 positions fit there).
         side (default: on with attn_cluster when n_sm is not given): the SMs the clusters leave idle (20 of an H200's
         132 with clusters of 16) run a second, plain launch of the same kernel at the same time, which takes a share
         of every instruction but the attention on the same counters (schedule.build(cluster_ctas=...)). Nothing
@@ -234,7 +251,8 @@ class Monokernel:
         recv_floats = isa.MAX_GROUP * cfg.head_dim + 16 * 2 * isa.MAX_GROUP + (isa.MAX_GROUP + 2) * cfg.head_dim
         optin = smem_optin(props) - (4 * recv_floats if attn_cluster else 0)
         try:
-            self.smem_layout = lay = smem_layout(self.sched, max_len, optin, kv_stage_cap, alone=self.sched_alone)
+            self.smem_layout = lay = smem_layout(self.sched, max_len, optin, kv_stage_cap, alone=self.sched_alone,
+                                                 l1_keep=l1_keep_bytes(props))
         except ValueError as e:
             raise RuntimeError(str(e)) from None
         self.sm_kv, self.stage_capacity, self.stage_floats, self.smem = lay.sm_kv, lay.stage_pos, lay.stage_floats, \

@@ -113,12 +113,19 @@ def tables_floats(sched: Schedule) -> int:
     return sched.dims.n_layers * isa.LAYER_WORDS + longest * isa.INSTR_WORDS
 
 
+# With l1_keep (smem_layout), the staging gives up the last l1_keep bytes of shared memory if at least this many
+# positions still fit in the rest.
+L1_KEEP_MIN_POS = 128
+
+
 def smem_layout(sched: Schedule, max_len: int, optin: int, cap: int | None = None,
-                alone: Schedule | None = None) -> SmemLayout:
+                alone: Schedule | None = None, l1_keep: int = 0) -> SmemLayout:
     """Staging capacity max(128, max_len / n_splits) positions, bounded by `optin` bytes per CTA and by `cap`
     positions when given; ValueError when fewer than 16 positions fit. alone: the main launch's own schedule of a
     side launch (runtime.Monokernel(side=True)), which the same layout must hold (more rows per instruction; either
-    schedule may have the longest list)."""
+    schedule may have the longest list). l1_keep: bytes of `optin` the layout leaves unused when the staging still
+    holds min(its need, L1_KEEP_MIN_POS) positions without them: shared memory and L1 share an SM's 256 KiB, and the
+    L1 keeps the kernel's stack frames and small vectors (runtime.L1_KEEP_CARVEOUT says what that is worth)."""
     dm = sched.dims
     both = [sched] if alone is None else [sched, alone]
     sm_kv = -(-max(s.smem_bytes() for s in both) // 16) * 4
@@ -127,7 +134,10 @@ def smem_layout(sched: Schedule, max_len: int, optin: int, cap: int | None = Non
     fit = (optin - 4 * (sm_kv + tab + 3)) // row   # + 3: the tables start 16-byte aligned after the staging
     if fit < 16:
         raise ValueError(f"monokernel: no shared memory left for attention staging ({fit} positions)")
-    pos = min(max(128, -(-max_len // sched.n_splits)), fit, cap if cap else fit)
+    need = max(128, -(-max_len // sched.n_splits))
+    if l1_keep > 0 and (optin - l1_keep - 4 * (sm_kv + tab + 3)) // row >= min(need, L1_KEEP_MIN_POS):
+        fit = (optin - l1_keep - 4 * (sm_kv + tab + 3)) // row
+    pos = min(need, fit, cap if cap else fit)
     stage = pos * row // 4
     sm_tab = -(-(sm_kv + stage) // 4) * 4
     vec = max(dm.d, dm.q_dim, dm.ffn)

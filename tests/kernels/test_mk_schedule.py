@@ -227,6 +227,29 @@ def test_smem_layout_staging_bounds():
     assert not schedule.sampler_fits(1000, 1000 * isa.TOPK * 2 - 1) and schedule.sampler_fits(1000, 16000)
 
 
+def test_smem_layout_leaves_the_l1_its_share_where_128_positions_still_fit():
+    """l1_keep (runtime.l1_keep_bytes: 64 KiB on an H200): the staging stops short of the last l1_keep bytes when it
+    keeps at least min(its need, 128) positions there, so the carveout stays at 164 KiB; a need that fits anyway,
+    a layout that would keep fewer positions, and l1_keep = 0 are as before."""
+    import types
+    from kernels.runtime import L1_KEEP_CARVEOUT, l1_keep_bytes
+    keep = l1_keep_bytes(types.SimpleNamespace(shared_memory_per_block_optin=227 * 1024))
+    assert keep == 64 * 1024 and OPTIN + 1024 - keep == L1_KEEP_CARVEOUT - 1024
+    assert l1_keep_bytes(types.SimpleNamespace(shared_memory_per_block_optin=100 * 1024)) == 0
+    s = schedule.build(schedule.Dims.of(preset("qwen2.5-coder-1.5b")), 132, fused_mlp=True)
+    full, kept = (schedule.smem_layout(s, 1 << 15, OPTIN, l1_keep=k) for k in (0, keep))
+    assert full.stage_pos > kept.stage_pos >= schedule.L1_KEEP_MIN_POS
+    assert kept.smem <= OPTIN - keep < full.smem
+    # the staging holds as many positions as the kept budget allows, no fewer
+    assert schedule.smem_layout(s, 1 << 15, OPTIN - keep).stage_pos == kept.stage_pos
+    small = schedule.smem_layout(s, 832, OPTIN, l1_keep=keep)   # 128 positions fit below it: unchanged
+    assert small == schedule.smem_layout(s, 832, OPTIN)
+    # a working region so large that fewer than 128 positions fit below the kept bytes: the whole budget, as before
+    big = schedule.build(schedule.Dims.of(preset("qwen2.5-coder-7b")), 132, fused_mlp=True)
+    assert schedule.smem_layout(big, 8192, OPTIN, l1_keep=keep) == schedule.smem_layout(big, 8192, OPTIN)
+    assert schedule.smem_layout(big, 8192, OPTIN).smem > OPTIN - keep
+
+
 @pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "llama-3.2-1b", "qwen2.5-coder-1.5b"])
 def test_side_launch_schedule_and_its_alone_schedule_share_one_layout(name):
     """A cluster launch of 112 CTAs with a side launch of 20 (runtime.Monokernel(side=True)): the attention stays on
