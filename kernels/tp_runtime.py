@@ -35,7 +35,8 @@ import time
 import torch
 
 from . import isa, schedule
-from .runtime import Monokernel, _check, _keeps_device, load_library, no_token_message, smem_optin
+from .runtime import (Monokernel, _check, _keeps_device, l1_keep_bytes, load_library, no_token_message,
+                      smem_optin)
 from .tp_local import kernel_plan, lane_kv_bounds, lane_plan, lane_rank_model, rank_model
 
 log = logging.getLogger("kernels")
@@ -121,8 +122,9 @@ class TPMonokernel:
         if vp:
             sch = [schedule.build(schedule.Dims.of(self._local_cfg(r)), n_sm) for r in range(N)]
             n_rec = sum(sc.n_lm for sc in sch)
-            optin = [smem_optin(torch.cuda.get_device_properties(dv)) for dv in self.devices]
-            room = min(schedule.smem_layout(sc, max_len, o).sampler_floats for sc, o in zip(sch, optin))
+            props = [torch.cuda.get_device_properties(dv) for dv in self.devices]
+            room = min(schedule.smem_layout(sc, max_len, smem_optin(pr), l1_keep=l1_keep_bytes(pr)).sampler_floats
+                       for sc, pr in zip(sch, props))   # the layout each rank's Monokernel takes
             if not schedule.sampler_fits(n_rec, room):
                 log.warning("tp monokernel: replicated LM head: %d LM-head records over %d ranks do not fit the "
                             "sampler's shared memory (%d floats)", n_rec, N, room)

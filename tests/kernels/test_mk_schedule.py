@@ -204,6 +204,9 @@ def test_vocab_parallel_sampler_candidates_fit_up_to_8_ranks(name, ranks):
     lays = [schedule.smem_layout(s, 4096, OPTIN) for s in sch]
     assert n_rec * isa.TOPK * 2 > isa.SMEM_RED_FLOATS or ranks < 4
     assert all(schedule.sampler_fits(n_rec, lay.sampler_floats) for lay in lays), (n_rec, lays)
+    for ml in (4096, 8192):   # and with the staging the ranks take (runtime.l1_keep_bytes: 64 KiB on an H200)
+        kept = [schedule.smem_layout(s, ml, OPTIN, l1_keep=64 * 1024) for s in sch]
+        assert all(schedule.sampler_fits(n_rec, lay.sampler_floats) for lay in kept), (ml, n_rec, kept)
     for s, lay in zip(sch, lays):
         dm = s.dims
         assert lay.smem <= OPTIN and lay.sm_kv * 4 >= s.smem_bytes() and lay.sm_kv % 4 == 0
