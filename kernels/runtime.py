@@ -16,7 +16,7 @@ import torch
 
 from . import isa
 from .build import build
-from .schedule import (Dims, Schedule, attn_split_defaults, attnq_order, build as build_schedule,
+from .schedule import (L1_KEEP_MIN_POS, Dims, Schedule, attn_split_defaults, attnq_order, build as build_schedule,
                        qkv_parts_default, sampler_fits, smem_layout)
 
 log = logging.getLogger("kernels")
@@ -251,13 +251,16 @@ class Monokernel:
         recv_floats = isa.MAX_GROUP * cfg.head_dim + 16 * 2 * isa.MAX_GROUP + (isa.MAX_GROUP + 2) * cfg.head_dim
         optin = smem_optin(props) - (4 * recv_floats if attn_cluster else 0)
         try:
+            keep = l1_keep_bytes(props)
             self.smem_layout = lay = smem_layout(self.sched, max_len, optin, kv_stage_cap, alone=self.sched_alone,
-                                                 l1_keep=l1_keep_bytes(props))
+                                                 l1_keep=keep)
         except ValueError as e:
             raise RuntimeError(str(e)) from None
         self.sm_kv, self.stage_capacity, self.stage_floats, self.smem = lay.sm_kv, lay.stage_pos, lay.stage_floats, \
             lay.smem
         self.kv_stage_pos = self.stage_capacity
+        # whether the staging stayed within L1_KEEP_CARVEOUT (schedule.smem_layout l1_keep; logged below)
+        self.l1_kept = lay.smem <= optin - keep
         occ = ctypes.c_int(0)
         _check(lib, lib.mk_occupancy(self.smem, ctypes.byref(occ)), "occupancy")
         if occ.value < 1:
@@ -346,8 +349,12 @@ class Monokernel:
         # of them: one staged chunk per split (0: no such bound). Per model: schedule.attn_split_defaults.
         self.attn_min_pos, self.attn_min_splits = attn_split_defaults(self.dims, attn_cluster)
         log.info("monokernel: %d CTAs x %d threads, %d instructions/step, %d attention splits per kv head (in use: "
-                 ">= %d positions each, at most max(%d, one staged chunk each)), %d B shared memory, %s MLP, %s",
+                 ">= %d positions each, at most max(%d, one staged chunk each)), %d B shared memory (%d positions "
+                 "staged per chunk, %s), %s MLP, %s",
                  self.n_sm, isa.NTHREADS, len(ins), sc.n_splits, self.attn_min_pos, self.attn_min_splits, self.smem,
+                 self.stage_capacity, f"within the {L1_KEEP_CARVEOUT >> 10} KiB carveout that leaves the L1 its share"
+                 if self.l1_kept else f"beyond the {L1_KEEP_CARVEOUT >> 10} KiB carveout: fewer than "
+                 f"{L1_KEEP_MIN_POS} positions fit within it, the L1 shrinks",
                  "fused" if self.fused_mlp else "GATEUP + DOWN",
                  (f"attention combined in clusters of {self.attn_cluster}"
                   + (f", QKV inside them ({sc.qkv_parts} parts per kv head"
