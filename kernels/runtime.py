@@ -243,15 +243,16 @@ class Monokernel:
         # Attention staging after the working buffers (mk_attention.cuh): per position its K row (bf16, padded by
         # KPAD) and V row (bf16) and MAX_GROUP scores. A split's first chunk of positions is copied
         # in before its wait (attn_prefetch); longer splits go through it in chunks of kv_stage_pos positions.
-        # Capacity: max(128, max_len / n_splits) positions, bounded by the SM's shared memory.
+        # Capacity: max(128, max_len / n_splits) positions, bounded by the SM's shared memory, and by
+        # L1_KEEP_CARVEOUT where 128 positions fit within it.
         max_len = k_cache.shape[3]
         # the cluster build's receive region for the combine is static shared memory (monokernel.cu cl_recv,
         # MK_RECV_FLOATS: MAX_GROUP x head_dim o values + (max, denominator) pairs of MAX_GROUP heads for up to 16
         # splits) and ATTNQ's q / k / v rows (cl_qkv, MK_QKV_RECV_FLOATS: (MAX_GROUP + 2) x head_dim)
         recv_floats = isa.MAX_GROUP * cfg.head_dim + 16 * 2 * isa.MAX_GROUP + (isa.MAX_GROUP + 2) * cfg.head_dim
         optin = smem_optin(props) - (4 * recv_floats if attn_cluster else 0)
+        keep = l1_keep_bytes(props)
         try:
-            keep = l1_keep_bytes(props)
             self.smem_layout = lay = smem_layout(self.sched, max_len, optin, kv_stage_cap, alone=self.sched_alone,
                                                  l1_keep=keep)
         except ValueError as e:
