@@ -135,8 +135,9 @@ def smem_layout(sched: Schedule, max_len: int, optin: int, cap: int | None = Non
     if fit < 16:
         raise ValueError(f"monokernel: no shared memory left for attention staging ({fit} positions)")
     need = max(128, -(-max_len // sched.n_splits))
-    if l1_keep > 0 and (optin - l1_keep - 4 * (sm_kv + tab + 3)) // row >= min(need, L1_KEEP_MIN_POS):
-        fit = (optin - l1_keep - 4 * (sm_kv + tab + 3)) // row
+    kept = (optin - l1_keep - 4 * (sm_kv + tab + 3)) // row
+    if l1_keep > 0 and kept >= min(need, L1_KEEP_MIN_POS):
+        fit = kept
     pos = min(need, fit, cap if cap else fit)
     stage = pos * row // 4
     sm_tab = -(-(sm_kv + stage) // 4) * 4

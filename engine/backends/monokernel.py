@@ -126,6 +126,10 @@ class MonokernelBackend(Backend):
         self.stats["side_ctas"] = self.mk.n_side   # the side launch next to the clusters (kernels/runtime.py)
         self.stats["qkv_parts"] = self.mk.sched.qkv_parts   # QKV inside the clusters (0: its own stage)
         self.stats["kv_apart"] = self.mk.sched.kv_apart     # their k / v rows on the CTAs without attention
+        # K / V positions staged per chunk, and whether that staging left the L1 its share (kernels/runtime.py
+        # L1_KEEP_CARVEOUT; False: fewer than 128 positions fit within it, the log line says so too)
+        self.stats["stage_positions"] = self.mk.stage_capacity
+        self.stats["l1_kept"] = self.mk.l1_kept
         self._logits = torch.empty(1, model.cfg.vocab_size, dtype=torch.float32, device=model.device)
         self._clock_sums: dict[str, list] = {}     # _LaunchClock totals over all launches
         # Completion prefill replays CUDA graphs (eager launch overhead was ~20 ms on the 1.5B model).
