@@ -74,6 +74,36 @@ class Twin:
         rot = torch.cat([-v[..., half:], v[..., :half]], dim=-1)
         return v * c + rot * s
 
+    def _split_span(self, pos: int, split: int, env) -> tuple[int, int, int]:
+        """(splits in use, first position, end) of attention split `split` at position pos (mk_attention.cuh
+        attn_step_fill; an idle split has no positions)."""
+        n = pos + 1
+        s_eff = attn_splits_in_use(n, self.s.n_splits, env["attn_min_pos"], env["attn_min_splits"], env["kv_stage_pos"])
+        return (s_eff, split * n // s_eff, (split + 1) * n // s_eff) if split < s_eff else (s_eff, 0, 0)
+
+    def _check_kv(self, ins, layer: int, head: int, positions, env) -> None:
+        """Every cached K / V row an attention split reads holds the prompt (tag -2) or the step that appended it."""
+        for p in positions:
+            t = env["kv_tag"][layer, head, p]
+            if not (t == -2 if p < env["valid_len"] else t == _tag(p - env["pos0"], layer, isa.OPS["ATTN"])):
+                raise ScheduleError(f"{ins}: KV at pos {p} has tag {t}")
+
+    @staticmethod
+    def _partial(q: torch.Tensor, keys: torch.Tensor, vals: torch.Tensor) -> tuple:
+        """One split's online-softmax partial of q heads q [g, hd] over keys / vals [n, hd]: (max, denominator,
+        weighted sum) per q head."""
+        sc_ = (q @ keys.T) * (q.shape[-1] ** -0.5)
+        mx = sc_.max(dim=1).values
+        e = torch.exp(sc_ - mx[:, None])
+        return mx, e.sum(1), e @ vals
+
+    @staticmethod
+    def _merge(mx: torch.Tensor, den: torch.Tensor, num: torch.Tensor) -> torch.Tensor:
+        """The splits' partials (max, denominator [s, g], weighted sums [s, g, hd]) merged: the q heads' outputs,
+        flat."""
+        wgt = torch.exp(mx - mx.max(dim=0).values)
+        return ((wgt[:, :, None] * num).sum(0) / (wgt * den).sum(0)[:, None]).reshape(-1)
+
     # ---- run ----
     def run(self, k_cache: torch.Tensor, v_cache: torch.Tensor, slot: int, token: int, pos0: int, n_steps: int,
             temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, stop_ids=(), forced=None,
@@ -207,27 +237,17 @@ class Twin:
             vs = slice(qd + kvd + head * hd, qd + kvd + (head + 1) * hd)
             for sl, nm in ((qs, "q"), (ks, "k"), (vs, "v")):
                 self._expect(tags["qkv"][sl], want, nm, ins)
-            n = pos + 1
-            s_eff = attn_splits_in_use(n, S, env["attn_min_pos"], env["attn_min_splits"], env["kv_stage_pos"])
-            p0, p1 = (split * n // s_eff, (split + 1) * n // s_eff) if split < s_eff else (0, 0)
+            s_eff, p0, p1 = self._split_span(pos, split, env)
             if split == s_eff - 1:   # the split holding pos appends this step's K/V
                 k_cache[slot, layer, head, pos] = self._rope(qkv[ks].clone(), pos)
                 v_cache[slot, layer, head, pos] = qkv[vs]
                 kv_tag[layer, head, pos] = _tag(step, layer, op)
-            for p in range(p0, p1):
-                t = kv_tag[layer, head, p]
-                ok = t == -2 if p < env["valid_len"] else t == _tag(p - env["pos0"], layer, op)
-                if not ok:
-                    raise ScheduleError(f"{ins}: KV at pos {p} has tag {t}")
+            self._check_kv(ins, layer, head, range(p0, p1), env)
             q = self._rope(qkv[qs].view(g, hd).clone(), pos)
             pr = part[head, split]
             if p1 > p0:
-                kk = k_cache[slot, layer, head, p0:p1].float()
-                vv = v_cache[slot, layer, head, p0:p1].float()
-                sc_ = (q @ kk.T) * (hd ** -0.5)                    # [g, n]
-                mx = sc_.max(dim=1).values
-                e = torch.exp(sc_ - mx[:, None])
-                pr[:, 0], pr[:, 1], pr[:, 2:] = mx, e.sum(1), e @ vv
+                pr[:, 0], pr[:, 1], pr[:, 2:] = self._partial(q, k_cache[slot, layer, head, p0:p1].float(),
+                                                              v_cache[slot, layer, head, p0:p1].float())
             else:
                 pr[:, 0], pr[:, 1], pr[:, 2:] = float("-inf"), 0.0, 0.0
             tags["part"][head * S + split] = _tag(step, layer, op)
@@ -238,11 +258,7 @@ class Twin:
             if ctr[sig] == (step + 1) * S:
                 self._expect(tags["part"][head * S:(head + 1) * S], _tag(step, layer, op), "part", ins)
                 pp = part[head, :s_eff]
-                mx = pp[:, :, 0].max(dim=0).values                 # [g]
-                wgt = torch.exp(pp[:, :, 0] - mx)                  # [s_eff, g]
-                num = (wgt[:, :, None] * pp[:, :, 2:]).sum(0)
-                den = (wgt * pp[:, :, 1]).sum(0)
-                attn[head * g * hd:(head + 1) * g * hd] = (num / den[:, None]).reshape(-1)
+                attn[head * g * hd:(head + 1) * g * hd] = self._merge(pp[:, :, 0], pp[:, :, 1], pp[:, :, 2:])
                 tags["attn"][head * g * hd:(head + 1) * g * hd] = _tag(step, layer, op)
             ctr[aux] += 1
             return
@@ -331,9 +347,7 @@ class Twin:
         key = env["pushed"][env["i"]]
         v = torch.cat([env["blocks"][key][r] for r in range(sc.cluster)])
         q = self._rope(v[:gq * hd].view(gq, hd).clone(), pos)
-        n = pos + 1
-        s_eff = attn_splits_in_use(n, S, env["attn_min_pos"], env["attn_min_splits"], env["kv_stage_pos"])
-        p0, p1 = (split * n // s_eff, (split + 1) * n // s_eff) if split < s_eff else (0, 0)
+        s_eff, p0, p1 = self._split_span(pos, split, env)
         if not sc.kv_apart:
             k_new, v_new = self._rope(v[gq * hd:(gq + 1) * hd].clone(), pos), v[(gq + 1) * hd:]
         elif split == s_eff - 1:   # kv_apart: the row from qkv, once the layer's QKV instructions wrote it (_kv_ready)
@@ -348,34 +362,19 @@ class Twin:
         if split == s_eff - 1 and j0 == 0:   # part 0's split holding pos appends this step's K / V
             kc[slot, layer, head, pos], vc[slot, layer, head, pos] = k_new, v_new
             kv_tag[layer, head, pos] = kt
-        keys, vals = [], []
-        for p in range(p0, p1):
-            if p == pos:   # this step's row: the part's own (part 0 may not have appended it yet)
-                keys.append(k_new)
-                vals.append(v_new)
-                continue
-            t = kv_tag[layer, head, p]
-            if not (t == -2 if p < env["valid_len"] else t == _tag(p - env["pos0"], layer, isa.OPS["ATTN"])):
-                raise ScheduleError(f"{ins}: KV at pos {p} has tag {t}")
-            keys.append(kc[slot, layer, head, p].float())
-            vals.append(vc[slot, layer, head, p].float())
+        # this step's row is the part's own (part 0 may not have appended it yet); the others come from the cache
+        self._check_kv(ins, layer, head, [p for p in range(p0, p1) if p != pos], env)
+        keys = [k_new if p == pos else kc[slot, layer, head, p].float() for p in range(p0, p1)]
+        vals = [v_new if p == pos else vc[slot, layer, head, p].float() for p in range(p0, p1)]
         if keys:
-            sc_ = (q @ torch.stack(keys).T) * (hd ** -0.5)
-            mx = sc_.max(dim=1).values
-            e = torch.exp(sc_ - mx[:, None])
-            pr = (mx, e.sum(1), e @ torch.stack(vals))
+            pr = self._partial(q, torch.stack(keys), torch.stack(vals))
         else:
             pr = (torch.full((gq,), float("-inf")), torch.zeros(gq), torch.zeros(gq, hd))
         done = env["qparts"].setdefault(key, {})
         done[split] = pr
         if len(done) == S:   # the part's last split: the cluster combine of its q heads
-            mxs = torch.stack([done[sp][0] for sp in range(s_eff)])
-            m = mxs.max(dim=0).values
-            wgt = torch.exp(mxs - m)
-            num = (wgt[:, :, None] * torch.stack([done[sp][2] for sp in range(s_eff)])).sum(0)
-            den = (wgt * torch.stack([done[sp][1] for sp in range(s_eff)])).sum(0)
             rows = slice((head * g + j0) * hd, (head * g + j0 + gq) * hd)
-            env["attn"][rows] = (num / den[:, None]).reshape(-1)
+            env["attn"][rows] = self._merge(*(torch.stack([done[sp][i] for sp in range(s_eff)]) for i in range(3)))
             env["tags"]["attn"][rows] = kt
 
     def _kv_ready(self, ins, step: int, pos: int, ctr: np.ndarray, split_rule: tuple[int, int, int]) -> bool:
