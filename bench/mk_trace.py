@@ -102,6 +102,19 @@ def time_and_trace(mk, label: str, ctxs=(512, 2048), reps: int = 2, n: int = 256
     mk.enable_trace(None)
 
 
+def trace_steps(mk, steps, ctx: int = 512, n: int = 256) -> dict[int, list[dict]]:
+    """Monokernel mk's trace records (Monokernel.trace_records) of each of `steps` of an n-token launch at context
+    ctx, after a 32-token warm-up, one launch per step; tracing is off again after."""
+    mk.run(0, 1234, ctx, 32)
+    recs = {}
+    for step in steps:
+        mk.enable_trace(step)
+        mk.run(0, 1234, ctx, n)
+        recs[step] = mk.trace_records()
+    mk.enable_trace(None)
+    return recs
+
+
 def time_replaced_schedule(name: str, transform, label: str, n: int = 256) -> None:
     """time_and_trace of the engine's launch for preset `name` (bench/decode.py's random model and KV) with every
     schedule the runtime builds passed through transform(schedule, dims) first (None: as built): the runner of the

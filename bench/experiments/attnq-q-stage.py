@@ -57,18 +57,13 @@ if __name__ == "__main__":
     if isa.TRACE_WORDS < 9:
         raise SystemExit("apply bench/experiments/100-mk-attnq-q-stamps.patch first (9 trace words)")
     from bench.decode import random_setup
+    from bench.mk_trace import trace_steps
     from kernels.runtime import Monokernel
     from kernels.schedule import Dims, attn_cluster_model
     name = sys.argv[1]
     cfg, model, cache = random_setup(name, 512 + 256 + 64)
     mk = Monokernel(model, cache.k, cache.v, max_steps=320, attn_cluster=attn_cluster_model(Dims.of(cfg)))
-    mk.run(0, 1234, 512, 32)
-    recs = {}
-    for step in (60, 100):
-        mk.enable_trace(step)
-        mk.run(0, 1234, 512, 256)
-        recs[str(step)] = mk.trace_records()
-    mk.enable_trace(None)
+    recs = trace_steps(mk, (60, 100))
     with open(os.path.join(os.environ.get("OUT", "/tmp"), f"attnq_q_{name}.json"), "w") as f:
         json.dump(recs, f)
     report(recs, isa.OPS["ATTNQ"])

@@ -58,6 +58,7 @@ if __name__ == "__main__":
         report(d, isa.OPS, int(sys.argv[3]) if len(sys.argv) > 3 else d["n_main"])
         sys.exit(0)
     from bench.decode import random_setup
+    from bench.mk_trace import trace_steps
     from kernels.runtime import Monokernel
     from kernels.schedule import Dims, attn_cluster_model
     name = sys.argv[1]
@@ -65,13 +66,7 @@ if __name__ == "__main__":
     cfg, model, cache = random_setup(name, 512 + 256 + 64)
     kw.setdefault("attn_cluster", attn_cluster_model(Dims.of(cfg)))
     mk = Monokernel(model, cache.k, cache.v, max_steps=320, **kw)
-    mk.run(0, 1234, 512, 32)
-    recs = {}
-    for step in (60, 100):
-        mk.enable_trace(step)
-        mk.run(0, 1234, 512, 256)
-        recs[step] = mk.trace_records()
-    mk.enable_trace(None)
+    recs = trace_steps(mk, (60, 100))
     dump = dict(shape=name, args=sys.argv[2:], n_main=mk.n_main, ran_alone=mk.ran_alone(), recs=recs)
     with open(os.path.join(os.environ.get("OUT", "/tmp"), f"mlp_tail_{name}.json"), "w") as f:
         json.dump(dump, f)

@@ -10,6 +10,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import torch
 from bench.decode import random_setup
+from bench.mk_trace import trace_steps
 from engine.backends.monokernel import MonokernelBackend
 from kernels import isa
 
@@ -18,13 +19,7 @@ for name in sys.argv[1].split(","):
     cfg, model, cache = random_setup(name, 512 + 256 + 64)
     be = MonokernelBackend(model, cache)
     mk = be.mk
-    mk.run(0, 1234, 512, 32)
-    recs = {}
-    for step in (60, 100, 140):
-        mk.enable_trace(step)
-        mk.run(0, 1234, 512, 256)
-        recs[step] = mk.trace_records()
-    mk.enable_trace(None)
+    recs = trace_steps(mk, (60, 100, 140))
     off, ins = mk.sched.flat()
     out[name] = dict(n_sm=mk.n_sm, cluster=mk.attn_cluster, n_splits=mk.sched.n_splits, off=off.tolist(),
                      ins=ins.tolist(), ops=isa.OPS, recs=recs)
