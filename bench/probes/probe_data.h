@@ -17,7 +17,7 @@ HOSTDEV unsigned mix(unsigned h) {
     return h;
 }
 HOSTDEV float w_val(size_t e) { return (float)((int)(mix((unsigned)e) % 255u) - 127) * (1.f / 128.f); }
-static inline float x_val(int k) { return (float)(mix(mix(k) + 0x51ed27u) & 0xffffffu) / 16777216.f - 0.5f; }
+HOSTDEV float x_val(int k) { return (float)(mix(mix(k) + 0x51ed27u) & 0xffffffu) / 16777216.f - 0.5f; }
 
 __global__ void fill(mk_bf16* p, size_t n) {
     for (size_t e = blockIdx.x * (size_t)blockDim.x + threadIdx.x; e < n; e += (size_t)gridDim.x * blockDim.x)
