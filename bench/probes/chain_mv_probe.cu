@@ -57,13 +57,6 @@ __device__ __forceinline__ unsigned pack_lo(float a, float b) {
     return pack_hi(a - ha, b - hb);
 }
 
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-                 "{%0, %1, %2, %3};"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // mode 0: fma (the kernel's matvec); mode 1: mma. W: this launch's rows, CTA c's R rows from W + c R K.
 __global__ void __launch_bounds__(NT, 1) probe(const mk_bf16* W, int R, int K, int mode, long long* cycles,
                                                float* outg) {
@@ -135,8 +128,9 @@ __global__ void __launch_bounds__(NT, 1) probe(const mk_bf16* W, int R, int K, i
                             // step A: k elements 0-1 (rows g / g + 8) and 2-3; step B: 4-5 and 6-7
                             const unsigned fa[4] = {a[j][tt][0].x, a[j][tt][1].x, a[j][tt][0].y, a[j][tt][1].y};
                             const unsigned fb[4] = {a[j][tt][0].z, a[j][tt][1].z, a[j][tt][0].w, a[j][tt][1].w};
-                            mma_bf16(d[tt], fa, b[0], b[1]);
-                            mma_bf16(d[tt], fb, b[2], b[3]);
+                            const unsigned ba[2] = {b[0], b[1]}, bb[2] = {b[2], b[3]};
+                            mk_mma_bf16(d[tt], fa, ba);
+                            mk_mma_bf16(d[tt], fb, bb);
                         }
                     }
                 }
