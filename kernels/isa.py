@@ -30,7 +30,7 @@ OPS = {
     # Cluster launch with schedule.build(qkv_parts=P): QKV inside the attention clusters. One (kv head, part, split)
     # on rank `split` of a cluster: RMSNorm(x) -> its rank's share of the part's q / k / v rows (the part's q heads,
     # then the kv head's k and v rows), pushed to every rank of the cluster over DSMEM; then the part's q heads'
-    # attention partial over the split's positions (part 0's split holding pos appends K/V) and the cluster combine
+    # attention partial over the split's positions (each part's split holding pos appends K/V) and the cluster combine
     # into attn[] as ATTN's. a0 / a1: the rank's first row and row count in W_qkv's ATTNQ order
     # (schedule.attnq_order; the runtime keeps W_qkv so), as a QKV instruction's; sig_ctr: the part's first q head
     # (of the group) | its q head count << 8 | kv head << 16 | split << 24; aux: ATTN_DONE | kv << AUX_KV_SHIFT, kv

@@ -338,8 +338,8 @@ class Twin:
 
     def _attnq(self, ins, step: int, pos: int, env) -> None:
         """The second part of an ATTNQ instruction, every rank's share in: the part's q heads' partial over the
-        split's positions (the step's own K / V row from the part's shares; part 0's split holding pos appends it to
-        the cache), and, once the part's last split has one, the merge into the part's rows of attn (mk_attention.cuh
+        split's positions (the step's own K / V row from the part's shares; every part's split holding pos appends it
+        to the cache, the same values), and, once the part's last split has one, the merge into the part's rows of attn (mk_attention.cuh
         attn_cluster_combine)."""
         dm, sc = self.dm, self.s
         layer, j0, gq, head, split = ins[1], ins[6] & 255, (ins[6] >> 8) & 255, (ins[6] >> 16) & 255, ins[6] >> 24
@@ -359,10 +359,11 @@ class Twin:
             k_new, v_new = self._rope(env["qkv"][ks].clone(), pos), env["qkv"][vs].clone()
         kt = _tag(step, layer, isa.OPS["ATTN"])
         slot, kc, vc, kv_tag = env["slot"], env["k_cache"], env["v_cache"], env["kv_tag"]
-        if split == s_eff - 1 and j0 == 0:   # part 0's split holding pos appends this step's K / V
+        if split == s_eff - 1:   # each part's split holding pos appends this step's K / V (the same values)
             kc[slot, layer, head, pos], vc[slot, layer, head, pos] = k_new, v_new
             kv_tag[layer, head, pos] = kt
-        # this step's row is the part's own (part 0 may not have appended it yet); the others come from the cache
+        # this step's row is the part's own (another part's write of it is not ordered before this read); the
+        # others come from the cache
         self._check_kv(ins, layer, head, [p for p in range(p0, p1) if p != pos], env)
         keys = [k_new if p == pos else kc[slot, layer, head, p].float() for p in range(p0, p1)]
         vals = [v_new if p == pos else vc[slot, layer, head, p].float() for p in range(p0, p1)]

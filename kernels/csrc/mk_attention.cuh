@@ -395,12 +395,14 @@ MK_DEV int op_attn(const MkParams& p, const int* ins, int ii, int step, int pos,
 #if MK_CLUSTER
 // ATTNQ's q heads and this step's K / V row, from the part's rows in shared memory (qkv: gq q heads, then k, then v):
 // the rotated, scaled q tile as attn_q_and_append's; with `row` (the split holding pos) the rotated K and the V row
-// into staged chunk 0, and with `append` (part 0's) into the cache. kg: with kv_apart the step's k row in the
-// global qkv[] (its v row kv_dim after it), written by other CTAs (read past L1), else null. Caller syncs.
+// into the cache and into staged chunk 0. Every part's split holding pos writes the row to the cache (the same bits):
+// where pos lies past chunk 0, attn_chunks stages it from the cache, and only a CTA's own write is ordered before
+// that read (part 0's alone was not: bench/NOTES.md, session 32). kg: with kv_apart the step's k row in the global
+// qkv[] (its v row kv_dim after it), written by other CTAs (read past L1), else null. Caller syncs.
 template <int HD>
 MK_DEV void attnq_q_and_row(const MkParams& p, const AttnStep& as, const float* qkv, const float* kg, int gq, int pos,
                             int p0, int cap, mk_bf16* qh, mk_bf16* kc, mk_bf16* vc, mk_bf16* stk, mk_bf16* stv,
-                            bool row, bool append) {
+                            bool row) {
     constexpr int HALF = HD / 2;
     const int nq = gq * HD, nt = nq + (row ? HD : 0);
     for (int t = threadIdx.x; t < nt; t += NT) {
@@ -423,7 +425,7 @@ MK_DEV void attnq_q_and_row(const MkParams& p, const AttnStep& as, const float* 
             continue;
         }
         const mk_bf16 kb = mk_f2bf(r), vb = mk_f2bf(v);
-        if (append) {
+        if (row) {
             kc[(size_t)pos * HD + i] = kb;
             vc[(size_t)pos * HD + i] = vb;
         }
@@ -437,7 +439,7 @@ MK_DEV void attnq_q_and_row(const MkParams& p, const AttnStep& as, const float* 
 // ATTNQ (isa.OPS, schedule qkv_parts), after the shared matvec: out[0 .. R) are this rank's rows of the part (RMS
 // factor rs still to apply; bias rows through m), rank = split. Pushes them (with bias) to every rank's qkv region,
 // waits for every rank's, then runs the part's gq q heads as ATTN runs its group: q and the step's K / V row from
-// shared memory (part 0's split holding pos appends it), the position loop, the cluster combine into attn[] (which
+// shared memory (the split holding pos appends it), the position loop, the cluster combine into attn[] (which
 // bumps ATTN_DONE). With kv_apart (schedule.build; aux's upper bits) the part's rows are its q heads' only and the
 // split holding pos first waits for the layer's QKV counter, then takes the K / V row from qkv[] (adding that row
 // after the split's cached positions instead, a pass of its own, was slower: bench/NOTES.md, session 29).
@@ -475,7 +477,7 @@ MK_DEV int op_attnq(const MkParams& p, const int* ins, int ii, int step, int pos
             !wait_ctr(p, p.ctr + layer * MK_CTR_PER_LAYER + MK_CTR_QKV, (unsigned)((step + 1) * kvn), step, sflag))
             return -1;
         const float* kg = kvn > 0 ? p.qkv + p.q_dim + head * HD : nullptr;
-        attnq_q_and_row<HD>(p, as, cr.qkv, kg, gq, pos, p0, cap, qh, kc, vc, stk, stv, row, row && j0 == 0);
+        attnq_q_and_row<HD>(p, as, cr.qkv, kg, gq, pos, p0, cap, qh, kc, vc, stk, stv, row);
         attn_chunks<HD>(p, step, ii, gq, p0, p1, cap, qh, stk, stv, sc, kc, vc, sm + p.sm_red);
     }
     return attn_cluster_combine<HD>(p, ins, ii, step, gq, p.attn + (size_t)(head * p.group + j0) * HD, split, S_eff,

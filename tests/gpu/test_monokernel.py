@@ -344,8 +344,10 @@ def test_qkv_inside_the_clusters_matches_qkv_and_attn(name):
     rows on its own cluster and shares them over distributed shared memory (schedule.build(qkv_parts=...)); with
     kv_apart the parts compute q rows only and the CTAs without a part the k / v rows. With the engine's default
     parts, with 3 parts, with 3 parts and kv_apart (also run alone, without the side launch: the free cluster takes
-    the k / v rows) and with the QKV stage (0): teacher-forced logits match the fp32 reference, the layouts agree to
-    rounding, each repeats to the bit, and the KV cache holds the same rows."""
+    the k / v rows; and with 2 positions staged per chunk, so the step's own K / V row lands in a later chunk, which
+    each part stages from the cache row its own split wrote) and with the QKV stage (0):
+    teacher-forced logits match the fp32 reference, the layouts agree to rounding, each repeats to the bit, and the
+    KV cache holds the same rows."""
     from kernels.runtime import Monokernel
     from kernels.schedule import qkv_parts_default
     s = setup_for(name)
@@ -354,10 +356,12 @@ def test_qkv_inside_the_clusters_matches_qkv_and_attn(name):
     ref = torch.stack([s.m32.forward(s.k32, s.v32, 0, s.ids[PROMPT + j:PROMPT + j + 1].cuda(), PROMPT + j)
                        for j in range(steps)])
     outs, kvs = {}, {}
-    for parts, kv_apart, alone in ((0, False, False), (None, False, False), (3, False, False), (3, True, False),
-                                   (3, True, True)):
+    for parts, kv_apart, alone, stage in ((0, False, False, 0), (None, False, False, 0), (3, False, False, 0),
+                                          (3, True, False, 0), (3, True, True, 0), (3, True, False, 2)):
         mk = Monokernel(s.m16, s.k16, s.v16, max_steps=steps + 8, attn_cluster=16, side=True, qkv_parts=parts,
                         kv_apart=kv_apart)
+        if stage:
+            mk.kv_stage_pos = stage
         want = qkv_parts_default(mk.dims, 16, mk.n_main // 16) if parts is None else parts
         assert mk.sched.qkv_parts == want and mk.sched.kv_apart == kv_apart
         if alone:
@@ -369,7 +373,8 @@ def test_qkv_inside_the_clusters_matches_qkv_and_attn(name):
             mk.run(0, forced[0], PROMPT, steps, forced=forced, logits_out=out)
             runs.append(out)
         assert mk.ran_alone() == alone
-        key = f"qkv_parts {want}{' kv_apart' if kv_apart else ''}{' alone' if alone else ''}"
+        key = (f"qkv_parts {want}{' kv_apart' if kv_apart else ''}{' alone' if alone else ''}"
+               f"{f' {stage} positions per chunk' if stage else ''}")
         assert torch.equal(runs[0], runs[1]), f"{key}: a rerun changed a bit"
         outs[key], kvs[key] = runs[0], s.k16[:, :, :, PROMPT:PROMPT + steps].float().clone()
         del mk
