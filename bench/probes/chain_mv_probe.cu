@@ -21,6 +21,10 @@
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -std=c++17 -Xptxas -v -I kernels/csrc \
 //        bench/probes/chain_mv_probe.cu -o /tmp/chain_mv_probe && /tmp/chain_mv_probe
 // Prints one line per (shape, mode), then a JSON line.
+// Session 32 (one H200), median cycles fma / mma: 0.5B ATTNQ q rows (12 x 896) 867 / 1,502, OPROJ (7 x 896) 700 /
+// 1,485, k / v rows (8 x 896) 704 / 1,485; 1.5B 16 x 1,536 1,656 / 2,132, 12 x 1,536 1,411 / 2,104; 32 x 896 1,400 /
+// 1,547. The FMA loop takes 0.35-0.84 us, and the mma mode's one barrier and cross-warp sums cost more than its
+// arithmetic saves; patch 105 (the mma mode in the kernel) measured +50 / +85 us per token (bench/NOTES.md).
 #include "mk_vendor.h"
 #include "mk_isa.h"
 
