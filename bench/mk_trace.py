@@ -85,10 +85,10 @@ def format_table(name: str, tab: dict) -> str:
     return "\n".join(lines)
 
 
-def time_and_trace(mk, label: str, ctxs=(512, 2048), reps: int = 2, n: int = 256) -> None:
+def time_and_trace(mk, label: str, ctxs=(512, 2048), reps: int = 2, n: int = 256, trace_ctxs=(512,)) -> None:
     """The experiments' common measurement (bench/experiments/*-time.py): us/token of Monokernel mk at each context
     (reps timings of n tokens after a 32-token warm-up, each the median of 3 launches), then the per-stage table of
-    one traced step at context 512."""
+    one traced step at each of trace_ctxs."""
     from bench.decode import timed
     from kernels import isa
     for ctx in ctxs:
@@ -96,9 +96,11 @@ def time_and_trace(mk, label: str, ctxs=(512, 2048), reps: int = 2, n: int = 256
             mk.run(0, 1234, ctx, 32)
             us = timed(lambda: mk.run(0, 1234, ctx, n), 3) / n * 1e6
             print(f"{label}: ctx {ctx:5d} {us:8.1f} us/token ({mk.n_sm} CTAs, {mk.smem} B shared memory)", flush=True)
-    mk.enable_trace(100)
-    mk.run(0, 1234, 512, n)
-    print(format_table(label, stage_table(mk.trace_records(), {v: k for k, v in isa.OPS.items()})), flush=True)
+    for ctx in trace_ctxs:
+        mk.enable_trace(100)
+        mk.run(0, 1234, ctx, n)
+        tag = label if tuple(trace_ctxs) == (512,) else f"{label} ctx {ctx}"
+        print(format_table(tag, stage_table(mk.trace_records(), {v: k for k, v in isa.OPS.items()})), flush=True)
     mk.enable_trace(None)
 
 
