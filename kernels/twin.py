@@ -339,8 +339,8 @@ class Twin:
     def _attnq(self, ins, step: int, pos: int, env) -> None:
         """The second part of an ATTNQ instruction, every rank's share in: the part's q heads' partial over the
         split's positions (the step's own K / V row from the part's shares; every part's split holding pos appends it
-        to the cache, the same values), and, once the part's last split has one, the merge into the part's rows of attn (mk_attention.cuh
-        attn_cluster_combine)."""
+        to the cache, the same values), and, once the part's last split has one, the merge into the part's rows of
+        attn (mk_attention.cuh attn_cluster_combine)."""
         dm, sc = self.dm, self.s
         layer, j0, gq, head, split = ins[1], ins[6] & 255, (ins[6] >> 8) & 255, (ins[6] >> 16) & 255, ins[6] >> 24
         hd, g, S = dm.head_dim, dm.group, sc.n_splits

@@ -345,9 +345,8 @@ def test_qkv_inside_the_clusters_matches_qkv_and_attn(name):
     kv_apart the parts compute q rows only and the CTAs without a part the k / v rows. With the engine's default
     parts, with 3 parts, with 3 parts and kv_apart (also run alone, without the side launch: the free cluster takes
     the k / v rows; and with 2 positions staged per chunk, so the step's own K / V row lands in a later chunk, which
-    each part stages from the cache row its own split wrote) and with the QKV stage (0):
-    teacher-forced logits match the fp32 reference, the layouts agree to rounding, each repeats to the bit, and the
-    KV cache holds the same rows."""
+    each part stages from the cache row its own split wrote) and with the QKV stage (0): teacher-forced logits match
+    the fp32 reference, the layouts agree to rounding, each repeats to the bit, and the KV cache holds the same rows."""
     from kernels.runtime import Monokernel
     from kernels.schedule import qkv_parts_default
     s = setup_for(name)
