@@ -317,6 +317,17 @@ def qkv_parts_default(dims: Dims, cluster: int, n_clusters: int, kv_apart: bool 
     return 0
 
 
+def attnq_aux(done_ctr: int, kv_producers: int) -> int:
+    """An ATTNQ instruction's aux (isa.OPS): the ATTN_DONE counter it bumps, and with kv_apart the k / v rows'
+    producers per step its split holding pos waits for (0: none)."""
+    return done_ctr | kv_producers << isa.AUX_KV_SHIFT
+
+
+def attnq_aux_parts(aux: int) -> tuple[int, int]:
+    """attnq_aux's (ATTN_DONE counter, k / v producers per step)."""
+    return aux & ((1 << isa.AUX_KV_SHIFT) - 1), aux >> isa.AUX_KV_SHIFT
+
+
 def attnq_order(dims: Dims, parts: int) -> list[int]:
     """The [q; k; v] weight rows in the ATTNQ layout's order (runtime.Monokernel keeps W_qkv and its bias this way):
     for each kv head, each part's rows (attnq_row) one after the other, so a part is one run of rows starting at
@@ -459,7 +470,7 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
                     for sp in range(cluster):
                         sched.per_sm[c * cluster + sp].append(
                             (isa.OPS["ATTNQ"], layer, row0 + sp * rr, rr, w_ctr, w_n, j0 | gq << 8 | h << 16 | sp << 24,
-                             ci(layer, isa.CTR_ATTN_DONE) | counts.get("QKV", 0) << isa.AUX_KV_SHIFT))
+                             attnq_aux(ci(layer, isa.CTR_ATTN_DONE), counts.get("QKV", 0))))
             if kv_apart:   # the k / v rows on the CTAs of the unused clusters, then the side launch's
                 free = [c * cluster + r for c in range(n_cl) if c not in used for r in range(cluster)]
                 free += list(range(cluster_ctas, n_sm))
@@ -600,10 +611,9 @@ def check(sched: Schedule) -> None:
                 assert (a0, a1) == (attnq_part_start(dm, len(parts), h, j0, k, sched.kv_apart) + sp * rr, rr), \
                     f"{ins}: not its rank's rows of the part"
                 cov[(h * len(parts) + k) * sched.n_splits + sp] += 1
-                assert aux >> isa.AUX_KV_SHIFT == (sched.counts["QKV"] if sched.kv_apart else 0), \
-                    f"{ins}: not the layer's k / v producers"
-                aux &= (1 << isa.AUX_KV_SHIFT) - 1
-                signallers[aux] = signallers.get(aux, 0) + 1
+                done, kvn = attnq_aux_parts(aux)
+                assert kvn == (sched.counts["QKV"] if sched.kv_apart else 0), f"{ins}: not the layer's k / v producers"
+                signallers[done] = signallers.get(done, 0) + 1
             elif name == "SAMPLE":
                 cov[0] += 1
                 signallers[sc] = signallers.get(sc, 0) + 1

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from . import isa
 from .sampling_rng import gumbel
-from .schedule import Schedule, attn_splits_in_use, attnq_row, attnq_rows
+from .schedule import Schedule, attn_splits_in_use, attnq_aux_parts, attnq_row, attnq_rows
 
 EMBED = 0   # pseudo-stage tag for the embedding written by the prologue / SAMPLE
 
@@ -80,6 +80,11 @@ class Twin:
         n = pos + 1
         s_eff = attn_splits_in_use(n, self.s.n_splits, env["attn_min_pos"], env["attn_min_splits"], env["kv_stage_pos"])
         return (s_eff, split * n // s_eff, (split + 1) * n // s_eff) if split < s_eff else (s_eff, 0, 0)
+
+    def _kv_slices(self, head: int) -> tuple[slice, slice]:
+        """Kv head `head`'s k and v rows in qkv[] (after the q rows)."""
+        qd, kvd, hd = self.dm.q_dim, self.dm.kv_dim, self.dm.head_dim
+        return slice(qd + head * hd, qd + (head + 1) * hd), slice(qd + kvd + head * hd, qd + kvd + (head + 1) * hd)
 
     def _check_kv(self, ins, layer: int, head: int, positions, env) -> None:
         """Every cached K / V row an attention split reads holds the prompt (tag -2) or the step that appended it."""
@@ -215,7 +220,6 @@ class Twin:
         tags, ctr, kv_tag = env["tags"], env["ctr"], env["kv_tag"]
         k_cache, v_cache, slot = env["k_cache"], env["v_cache"], env["slot"]
         L, g, hd, S = dm.n_layers, dm.group, dm.head_dim, sc.n_splits
-        qd, kvd = dm.q_dim, dm.kv_dim
         x_in = _tag(step, layer - 1, isa.OPS["OPROJ" if sc.fused_mlp else "DOWN"]) if layer > 0 \
             else _tag(step, -1, EMBED)
         name = {v: k for k, v in isa.OPS.items()}[op]
@@ -233,8 +237,7 @@ class Twin:
             head, split = a0, a1
             want = _tag(step, layer, isa.OPS["QKV"])
             qs = slice(head * g * hd, (head + 1) * g * hd)
-            ks = slice(qd + head * hd, qd + (head + 1) * hd)
-            vs = slice(qd + kvd + head * hd, qd + kvd + (head + 1) * hd)
+            ks, vs = self._kv_slices(head)
             for sl, nm in ((qs, "q"), (ks, "k"), (vs, "v")):
                 self._expect(tags["qkv"][sl], want, nm, ins)
             s_eff, p0, p1 = self._split_span(pos, split, env)
@@ -264,7 +267,7 @@ class Twin:
             return
         elif name == "ATTNQ":
             self._attnq(ins, step, pos, env)
-            ctr[aux & ((1 << isa.AUX_KV_SHIFT) - 1)] += 1
+            ctr[attnq_aux_parts(aux)[0]] += 1
             return
         elif name == "OPROJ":
             self._expect(tags["attn"], _tag(step, layer, isa.OPS["ATTN"]), "attn", ins)
@@ -351,9 +354,7 @@ class Twin:
         if not sc.kv_apart:
             k_new, v_new = self._rope(v[gq * hd:(gq + 1) * hd].clone(), pos), v[(gq + 1) * hd:]
         elif split == s_eff - 1:   # kv_apart: the row from qkv, once the layer's QKV instructions wrote it (_kv_ready)
-            qd, kvd = dm.q_dim, dm.kv_dim
-            ks = slice(qd + head * hd, qd + (head + 1) * hd)
-            vs = slice(qd + kvd + head * hd, qd + kvd + (head + 1) * hd)
+            ks, vs = self._kv_slices(head)
             for sl, nm in ((ks, "k"), (vs, "v")):
                 self._expect(env["tags"]["qkv"][sl], _tag(step, layer, isa.OPS["QKV"]), nm, ins)
             k_new, v_new = self._rope(env["qkv"][ks].clone(), pos), env["qkv"][vs].clone()
@@ -382,7 +383,7 @@ class Twin:
         """With kv_apart: whether ATTNQ `ins` may go on after its part's exchange at `step` (position pos). Only the
         split holding pos waits (for the k / v producers its aux names, on the layer's QKV counter: mk_attention.cuh
         op_attnq). split_rule: run's (attn_min_pos, attn_min_splits, kv_stage_pos)."""
-        kvn = ins[7] >> isa.AUX_KV_SHIFT
+        kvn = attnq_aux_parts(ins[7])[1]
         if not kvn:
             return True
         if ins[6] >> 24 != attn_splits_in_use(pos + 1, self.s.n_splits, *split_rule) - 1:

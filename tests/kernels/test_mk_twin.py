@@ -201,7 +201,8 @@ def test_kv_apart_split_waits_for_every_kv_row_and_bad_layouts_are_refused():
     bad = schedule.build(dm, n_sm=34, fused_mlp=True, cluster=8, cluster_ctas=32, qkv_parts=2, kv_apart=True)
     i = next(j for j, ins in enumerate(bad.per_sm[0]) if ins[0] == isa.OPS["ATTNQ"])
     ins = bad.per_sm[0][i]
-    bad.per_sm[0][i] = ins[:7] + (ins[7] - (1 << isa.AUX_KV_SHIFT),)
+    done, kvn = schedule.attnq_aux_parts(ins[7])
+    bad.per_sm[0][i] = ins[:7] + (schedule.attnq_aux(done, kvn - 1),)
     with pytest.raises(AssertionError, match="k / v producers"):
         schedule.check(bad)
     with pytest.raises(ValueError, match="no CTA is left"):
