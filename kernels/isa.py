@@ -25,7 +25,10 @@ OPS = {
     "SAMPLE": 7,   # reduce the records, pick the token, stream it, embed it into x, bump TOKEN
     # One GPU, fused MLP schedule (schedule.build(fused_mlp=True)) instead of GATEUP + DOWN: RMSNorm(x) -> h rows
     # as GATEUP, then this slice's DOWN partial of all d rows (Wd^T rows a0 .. a0 + a1) added to acc[] in fixed
-    # point (ACC_FRAC_BITS): integer adds, so the sum does not depend on the order the SMs add in.
+    # point (ACC_FRAC_BITS): integer adds, so the sum does not depend on the order the SMs add in. aux: 0, or with
+    # schedule.build(mlp_pairs=True) a paired instruction (AUX_PAIR | the partner's first row | its row count <<
+    # AUX_PAIR_ROWS_SHIFT): cluster ranks 2k and 2k + 1 exchange their h rows over DSMEM and each adds half of the d
+    # outputs (rank parity 0 the first half) over both slices, half the atomics per element.
     "MLP": 8,
     # Cluster launch with schedule.build(qkv_parts=P): QKV inside the attention clusters. One (kv head, part, split)
     # on rank `split` of a cluster: RMSNorm(x) -> its rank's share of the part's q / k / v rows (the part's q heads,
@@ -40,6 +43,9 @@ OPS = {
     "ATTNQ": 9,
 }
 AUX_KV_SHIFT = 16
+AUX_PAIR = 1 << 30          # MLP aux: a paired instruction (schedule.build mlp_pairs)
+AUX_PAIR_ROWS_SHIFT = 16    # MLP aux: the partner's row count above its first row
+MLP_PAIR_ROWS = 256         # a paired MLP instruction's partner rows at most (the kernel's receive buffer)
 FIELDS = ("op", "layer", "a0", "a1", "wait_ctr", "wait_n", "sig_ctr", "aux")
 INSTR_WORDS = len(FIELDS)
 
@@ -230,6 +236,9 @@ def render_header() -> str:
         f"#define MK_CTR_PER_LAYER {CTR_PER_LAYER}",
         f"#define MK_CTR_QKV {CTR_QKV}",
         f"#define MK_AUX_KV_SHIFT {AUX_KV_SHIFT}",
+        f"#define MK_AUX_PAIR {AUX_PAIR}",
+        f"#define MK_AUX_PAIR_ROWS_SHIFT {AUX_PAIR_ROWS_SHIFT}",
+        f"#define MK_MLP_PAIR_ROWS {MLP_PAIR_ROWS}",
         f"#define MK_TOPK {TOPK}",
         f"#define MK_REC_WORDS {REC_WORDS}",
         f"#define MK_NTHREADS {NTHREADS}",

@@ -17,7 +17,7 @@ import torch
 from . import isa
 from .build import build
 from .schedule import (L1_KEEP_MIN_POS, Dims, Schedule, attn_split_defaults, attnq_order, build as build_schedule,
-                       qkv_parts_default, sampler_fits, smem_layout)
+                       mlp_pairs_default, qkv_parts_default, sampler_fits, smem_layout)
 
 log = logging.getLogger("kernels")
 
@@ -130,7 +130,7 @@ class Monokernel:
                  fused_mlp: bool | None = None, attn_cluster: int = 0,
                  n_splits: int | None = None, kv_stage_cap: int | None = None, side: bool | None = None,
                  qkv_parts: int | None = None, kv_apart: bool | None = None,
-                 lm_screen: bool | None = None):
+                 lm_screen: bool | None = None, mlp_pairs: bool | None = None):
         """sched: a prebuilt schedule for this model's shape and n_sm (tensor parallelism passes one whose
         exchanged waits count every rank's producers, and tp_build: the library variant with the exchange:
         kernels/tp_runtime.py). fused_mlp: the MLP schedule (schedule.build(fused_mlp=True); default: on for the
@@ -153,6 +153,9 @@ class Monokernel:
         schedule.qkv_parts_default with clusters, else 0). kv_apart (with qkv_parts): the parts compute their q rows
         only and the k / v rows are QKV instructions on the CTAs without a part (schedule.build(kv_apart=True));
         default: on where that layout fits the clusters (measured faster on 0.5B and 1.5B, bench/NOTES.md session 29).
+        mlp_pairs (with attn_cluster and the fused MLP): paired MLP instructions (schedule.build(mlp_pairs=True)):
+        cluster ranks 2k and 2k + 1 exchange their h rows and each adds half of the outputs (76 adds per output
+        instead of 132 on an H200); default: schedule.mlp_pairs_default.
         lm_screen (default: on where it can run): the screened LM head (kernels/lm_screen.py) for launches that
         need no logits output and no top-p; it keeps an int8 copy of the LM head (vocab x d bytes). lm_mode says
         which head the last launch ran and why.
@@ -160,7 +163,7 @@ class Monokernel:
         block; the caller's comes back after."""
         with torch.cuda.device(model.device):
             self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp, attn_cluster,
-                       n_splits, kv_stage_cap, side, qkv_parts, kv_apart)
+                       n_splits, kv_stage_cap, side, qkv_parts, kv_apart, mlp_pairs)
             self._init_lm_screen(lm_screen, tp_build)
 
     def _init_lm_screen(self, want: bool | None, tp_build: bool) -> None:
@@ -193,7 +196,8 @@ class Monokernel:
         self._lm_logged: set[str] = set()
 
     def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp,
-              attn_cluster, n_splits, kv_stage_cap=None, side=None, qkv_parts=None, kv_apart=None) -> None:
+              attn_cluster, n_splits, kv_stage_cap=None, side=None, qkv_parts=None, kv_apart=None,
+              mlp_pairs=None) -> None:
         self.lib = lib = load_library(tp_build, attn_cluster > 0, head_dim=model.cfg.head_dim)
         self.model, self.cfg = model, model.cfg
         dev = model.device
@@ -232,12 +236,15 @@ class Monokernel:
                                                                                          True) > 0
             if qkv_parts is None:
                 qkv_parts = qkv_parts_default(self.dims, attn_cluster, n_cl, kv_apart) if attn_cluster else 0
+            if mlp_pairs is None:
+                mlp_pairs = mlp_pairs_default(self.dims, attn_cluster, fused_mlp)
             sched = build_schedule(self.dims, self.n_sm, n_splits, fused_mlp=fused_mlp, cluster=attn_cluster,
                                    cluster_ctas=self.n_main if attn_cluster else None, qkv_parts=qkv_parts,
-                                   kv_apart=kv_apart)
+                                   kv_apart=kv_apart, mlp_pairs=mlp_pairs)
             if self.n_side:
                 self.sched_alone = build_schedule(self.dims, self.n_main, n_splits, fused_mlp=fused_mlp,
-                                                  cluster=attn_cluster, qkv_parts=qkv_parts, kv_apart=kv_apart)
+                                                  cluster=attn_cluster, qkv_parts=qkv_parts, kv_apart=kv_apart,
+                                                  mlp_pairs=mlp_pairs)
         self.sched: Schedule = sched
         self.fused_mlp = sched.fused_mlp
         # Attention staging after the working buffers (mk_attention.cuh): per position its K row (bf16, padded by
@@ -248,8 +255,10 @@ class Monokernel:
         max_len = k_cache.shape[3]
         # the cluster build's receive region for the combine is static shared memory (monokernel.cu cl_recv,
         # MK_RECV_FLOATS: MAX_GROUP x head_dim o values + (max, denominator) pairs of MAX_GROUP heads for up to 16
-        # splits) and ATTNQ's q / k / v rows (cl_qkv, MK_QKV_RECV_FLOATS: (MAX_GROUP + 2) x head_dim)
-        recv_floats = isa.MAX_GROUP * cfg.head_dim + 16 * 2 * isa.MAX_GROUP + (isa.MAX_GROUP + 2) * cfg.head_dim
+        # splits), ATTNQ's q / k / v rows (cl_qkv, MK_QKV_RECV_FLOATS: (MAX_GROUP + 2) x head_dim) and a paired
+        # MLP's partner rows (cl_h, MK_MLP_PAIR_ROWS)
+        recv_floats = isa.MAX_GROUP * cfg.head_dim + 16 * 2 * isa.MAX_GROUP + (isa.MAX_GROUP + 2) * cfg.head_dim + \
+            isa.MLP_PAIR_ROWS
         optin = smem_optin(props) - (4 * recv_floats if attn_cluster else 0)
         keep = l1_keep_bytes(props)
         try:

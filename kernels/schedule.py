@@ -67,6 +67,7 @@ class Schedule:
     cluster_ctas: int = 0             # with cluster: the clustered CTAs, the first ones (the rest: a side launch)
     qkv_parts: int = 0                # with cluster: parts per kv head of the ATTNQ layout (0: QKV + ATTN); see build
     kv_apart: bool = False            # with qkv_parts: k / v rows by QKV instructions outside the parts; see build
+    mlp_pairs: bool = False           # with cluster and fused_mlp: paired MLP instructions (isa.AUX_PAIR); see build
 
     @property
     def n_lm(self) -> int:
@@ -301,6 +302,13 @@ def _attnq_part_splits(dims: Dims, gq: int, cluster: int, kv_apart: bool = False
     return attnq_rows(dims, gq, kv_apart) % cluster == 0 and (gq * dims.head_dim) % 32 == 0
 
 
+def mlp_pairs_default(dims: Dims, cluster: int, fused_mlp: bool) -> bool:
+    """Whether a launch starts with paired MLP instructions (runtime.Monokernel mlp_pairs=None): wherever build
+    accepts them (a cluster launch, the fused MLP, a hidden size in 16-byte halves). Measured at ctx 512 against
+    the same build unpaired: 0.5B 526 against 542 us/token, 1.5B 1,077 against 1,098 (bench/NOTES.md, session 33)."""
+    return bool(cluster) and fused_mlp and dims.d % 16 == 0
+
+
 def qkv_parts_default(dims: Dims, cluster: int, n_clusters: int, kv_apart: bool = False) -> int:
     """The ATTNQ layout's parts per kv head a cluster launch starts with (runtime.Monokernel qkv_parts=None): the
     most that the clusters hold (a cluster per part) whose rows per rank all fit one early-load batch of the matvec
@@ -338,7 +346,8 @@ def attnq_order(dims: Dims, parts: int) -> list[int]:
 
 
 def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = False, cluster: int = 0,
-          cluster_ctas: int | None = None, qkv_parts: int = 0, kv_apart: bool = False) -> Schedule:
+          cluster_ctas: int | None = None, qkv_parts: int = 0, kv_apart: bool = False,
+          mlp_pairs: bool = False) -> Schedule:
     """cluster > 0: the kernel runs in thread-block clusters of that many CTAs and each kv head's attention has
     exactly `cluster` splits, split s on rank s of one cluster (the head's cluster rotates with the layer); every split
     merges its share of the head's outputs over distributed shared memory and signals ATTN_DONE
@@ -355,7 +364,10 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
     write them to qkv and bump the layer's QKV counter as the QKV stage does. Only each part's split holding pos
     needs them (its step's K / V row): it waits for that counter (for the producers per step its aux names,
     isa.OPS) after the part's q exchange, so the k / v matvec runs beside the parts' instead of adding its rows to
-    theirs."""
+    theirs.
+    mlp_pairs (with cluster and fused_mlp): in every layer where cluster CTAs 2k and 2k + 1 (ranks of one cluster)
+    each have exactly one MLP instruction of at most isa.MLP_PAIR_ROWS rows, the two are paired (mlp_pair_aux):
+    each sends its h rows to the other and adds half of the d outputs over both slices."""
     if cluster:
         if cluster not in (2, 4, 8, 16):
             raise ValueError(f"cluster {cluster}: 2, 4, 8 or 16 CTAs")
@@ -375,6 +387,10 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
         for j0, gq in qkv_part_heads(dims.group, qkv_parts):
             if not _attnq_part_splits(dims, gq, cluster, kv_apart):
                 raise ValueError(f"qkv_parts {qkv_parts}: a part of {gq} q heads does not split over {cluster} ranks")
+    if mlp_pairs and not (cluster and fused_mlp):
+        raise ValueError("mlp_pairs needs a cluster launch and the fused MLP")
+    if mlp_pairs and dims.d % 16:
+        raise ValueError("mlp_pairs: hidden size must be a multiple of 16 (two halves of 16-byte Wd^T chunks)")
     if dims.d % 8 or dims.ffn % 8 or dims.q_dim % 8:
         raise ValueError("hidden, ffn and q dims must be multiples of 8 (16-byte weight loads)")
     if dims.n_heads % dims.n_kv:
@@ -421,7 +437,7 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
     sched = Schedule(dims=dims, n_sm=n_sm, n_splits=n_splits, rows=rows, counts=counts,
                      per_sm=[[] for _ in range(n_sm)], n_counters=isa.n_counters(L, dims.n_kv), fused_mlp=fused_mlp,
                      cluster=cluster, cluster_ctas=cluster_ctas if cluster else 0, qkv_parts=qkv_parts,
-                     kv_apart=kv_apart)
+                     kv_apart=kv_apart, mlp_pairs=mlp_pairs)
     # the stage whose counter the residual's consumers (next QKV, LMHEAD) wait for, and its producers per step
     last, last_ctr = ("MLP", isa.CTR_GATEUP) if fused_mlp else ("DOWN", isa.CTR_DOWN)
     cursor = 0
@@ -507,10 +523,41 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
             continue
         emit(matvec("GATEUP", layer, ci(layer, isa.CTR_OPROJ), counts["OPROJ"], ci(layer, isa.CTR_GATEUP)))
         emit(matvec("DOWN", layer, ci(layer, isa.CTR_GATEUP), counts["GATEUP"], ci(layer, isa.CTR_DOWN)))
+    if mlp_pairs:
+        _pair_mlp(sched)
     emit(matvec("LMHEAD", 0, ci(L - 1, last_ctr), counts[last], isa.lm_counter(L)))
     # The sampler bumps TOKEN once the next token's embedding is in x.
     sched.per_sm[0].append((isa.OPS["SAMPLE"], 0, 0, 0, isa.lm_counter(L), counts["LMHEAD"], tok, 0))
     return sched
+
+
+def mlp_pair_aux(r0: int, n: int) -> int:
+    """The aux of an MLP instruction paired with the one holding rows [r0, r0 + n) (isa.AUX_PAIR)."""
+    return isa.AUX_PAIR | r0 | n << isa.AUX_PAIR_ROWS_SHIFT
+
+
+def mlp_partner(aux: int) -> tuple[int, int] | None:
+    """(first row, row count) of a paired MLP instruction's partner, or None when unpaired."""
+    if not aux & isa.AUX_PAIR:
+        return None
+    return aux & ((1 << isa.AUX_PAIR_ROWS_SHIFT) - 1), (aux & (isa.AUX_PAIR - 1)) >> isa.AUX_PAIR_ROWS_SHIFT
+
+
+def _pair_mlp(sched: Schedule) -> None:
+    """Pair the MLP instructions of cluster CTAs 2k and 2k + 1 layer by layer (build's mlp_pairs), in place."""
+    mlp = isa.OPS["MLP"]
+    for layer in range(sched.dims.n_layers):
+        for a in range(0, sched.cluster_ctas, 2):
+            idx = [[j for j, ins in enumerate(sched.per_sm[c]) if ins[0] == mlp and ins[1] == layer]
+                   for c in (a, a + 1)]
+            if any(len(i) != 1 for i in idx):
+                continue
+            (ja,), (jb,) = idx
+            ia, ib = sched.per_sm[a][ja], sched.per_sm[a + 1][jb]
+            if max(ia[3], ib[3]) > isa.MLP_PAIR_ROWS:
+                continue
+            sched.per_sm[a][ja] = ia[:7] + (mlp_pair_aux(ib[2], ib[3]),)
+            sched.per_sm[a + 1][jb] = ib[:7] + (mlp_pair_aux(ia[2], ia[3]),)
 
 
 def with_exchange(scheds: list[Schedule], lm_parallel: bool = False) -> list[Schedule]:
@@ -616,6 +663,14 @@ def check(sched: Schedule) -> None:
                 signallers[done] = signallers.get(done, 0) + 1
             elif name == "SAMPLE":
                 cov[0] += 1
+                signallers[sc] = signallers.get(sc, 0) + 1
+            elif name == "MLP" and aux:   # paired: with the partner rank's MLP of the layer, inside one cluster
+                pr = mlp_partner(aux)
+                assert pr is not None and sched.mlp_pairs and sm < sched.cluster_ctas, f"{ins}: bad MLP aux"
+                peer = [i for i in sched.per_sm[sm ^ 1] if i[0] == op and i[1] == layer]
+                assert len(peer) == 1 and (peer[0][2], peer[0][3]) == pr and \
+                    mlp_partner(peer[0][7]) == (a0, a1), f"{ins}: not paired with CTA {sm ^ 1}'s MLP"
+                cov[a0:a0 + a1] += 1
                 signallers[sc] = signallers.get(sc, 0) + 1
             else:
                 o = q_off if name == "QKV" else 0

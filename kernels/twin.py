@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from . import isa
 from .sampling_rng import gumbel
-from .schedule import Schedule, attn_splits_in_use, attnq_aux_parts, attnq_row, attnq_rows
+from .schedule import Schedule, attn_splits_in_use, attnq_aux_parts, attnq_row, attnq_rows, mlp_partner
 
 EMBED = 0   # pseudo-stage tag for the embedding written by the prologue / SAMPLE
 
@@ -167,10 +167,16 @@ class Twin:
         blocks: dict[tuple, dict[int, torch.Tensor]] = {}
         pushed: list[tuple | None] = [None] * sc.n_sm
         qparts: dict[tuple, dict[int, tuple]] = {}
+        # paired MLP instructions (schedule.build mlp_pairs): each CTA's h rows once it has sent them, by (step,
+        # layer, CTA), and the SMs whose paired MLP has sent its rows and waits for its partner's
+        hpub: dict[tuple, tuple] = {}
+        hsent: list[tuple | None] = [None] * sc.n_sm
 
         def runnable(i):
             if done[i]:
                 return False
+            if hsent[i] is not None:   # a paired MLP waiting for its partner's h rows
+                return hsent[i] + (i ^ 1,) in hpub
             if pushed[i] is not None:   # an ATTNQ waiting for its cluster's other ranks' shares
                 s = step_of[i]
                 return len(blocks[pushed[i]]) == sc.cluster and self._kv_ready(
@@ -199,8 +205,11 @@ class Twin:
                 if pushed[i] is None and ins[0] == isa.OPS["ATTNQ"]:
                     pushed[i] = self._push_qkv(ins, i, s, locals())
                     continue
+                if hsent[i] is None and ins[0] == isa.OPS["MLP"] and mlp_partner(ins[7]) is not None:
+                    hsent[i] = self._send_h(ins, i, s, locals())
+                    continue
                 self._exec(ins, s, pos0 + s, locals())
-                pushed[i] = None
+                pushed[i] = hsent[i] = None
                 n_run += 1
                 ptr[i] += 1
             if not lst or ptr[i] == len(lst):
@@ -289,9 +298,21 @@ class Twin:
             t = _tag(step, layer, op)
             if not np.isin(env["acc_tag"], (-1, t)).all():
                 raise ScheduleError(f"{ins}: acc still holds another layer's output")
-            y = self.layers[layer].wd[:, a0:a0 + a1].float().cpu() @ self._h_rows(x, layer, a0, a1)
-            env["acc"] += np.rint(y.numpy() * np.float32(2.0 ** isa.ACC_FRAC_BITS)).astype(np.int64)
-            env["acc_tag"][:] = t
+            wd = self.layers[layer].wd
+            pr = mlp_partner(aux)
+            if pr is None:
+                rows = slice(None)
+                y = wd[:, a0:a0 + a1].float().cpu() @ self._h_rows(x, layer, a0, a1)
+            else:   # paired: half of the outputs (by rank parity) over this slice's h and the partner's
+                i = env["i"]
+                (m0, m1, mine), (b0, b1, theirs) = env["hpub"][(step, layer, i)], env["hpub"][(step, layer, i ^ 1)]
+                if (b0, b1) != pr or (m0, m1) != (a0, a1):
+                    raise ScheduleError(f"{ins}: partner CTA {i ^ 1} sent rows {b0}..{b0 + b1}, aux names {pr}")
+                half = dm.d // 2
+                rows = slice(0, half) if i % sc.cluster % 2 == 0 else slice(half, dm.d)
+                y = wd[rows, a0:a0 + a1].float().cpu() @ mine + wd[rows, b0:b0 + b1].float().cpu() @ theirs
+            env["acc"][rows] += np.rint(y.numpy() * np.float32(2.0 ** isa.ACC_FRAC_BITS)).astype(np.int64)
+            env["acc_tag"][rows] = t
             env["acc_n"][t] = env["acc_n"].get(t, 0) + 1
         elif name == "DOWN":
             self._expect(tags["h"], _tag(step, layer, isa.OPS["GATEUP"]), "h", ins)
@@ -338,6 +359,18 @@ class Twin:
             raise ScheduleError(f"{ins}: rank {split} pushed twice into part {key}")
         blk[split] = y
         return key
+
+    def _send_h(self, ins, i: int, step: int, env) -> tuple:
+        """The first part of a paired MLP instruction on SM i (schedule.build mlp_pairs): its h rows from RMSNorm(x),
+        sent to its partner (CTA i ^ 1, the next or previous rank of its cluster); returns (step, layer), which the SM
+        then waits on until the partner has sent its own."""
+        layer, a0, a1 = ins[1], ins[2], ins[3]
+        sc = self.s
+        if i >= sc.cluster_ctas:
+            raise ScheduleError(f"{ins}: a paired MLP on side-launch CTA {i}")
+        self._expect(env["tags"]["x"], _tag(step, layer, isa.OPS["OPROJ"]), "x", ins)
+        env["hpub"][(step, layer, i)] = (a0, a1, self._h_rows(env["x"], layer, a0, a1))
+        return step, layer
 
     def _attnq(self, ins, step: int, pos: int, env) -> None:
         """The second part of an ATTNQ instruction, every rank's share in: the part's q heads' partial over the

@@ -126,6 +126,7 @@ class MonokernelBackend(Backend):
         self.stats["side_ctas"] = self.mk.n_side   # the side launch next to the clusters (kernels/runtime.py)
         self.stats["qkv_parts"] = self.mk.sched.qkv_parts   # QKV inside the clusters (0: its own stage)
         self.stats["kv_apart"] = self.mk.sched.kv_apart     # their k / v rows on the CTAs without attention
+        self.stats["mlp_pairs"] = self.mk.sched.mlp_pairs   # cluster ranks 2k / 2k + 1 share the MLP's adds
         # K / V positions staged per chunk, and whether that staging left the L1 its share (kernels/runtime.py
         # L1_KEEP_CARVEOUT; False: fewer than 128 positions fit within it, the log line says so too)
         self.stats["stage_positions"] = self.mk.stage_capacity
@@ -164,7 +165,8 @@ class MonokernelBackend(Backend):
                 f"{'fused MLP' if self.mk.fused_mlp else 'GATEUP + DOWN'}, "
                 f"{f'attention in clusters of {self.mk.attn_cluster}' if self.mk.attn_cluster else 'no clusters'}"
                 f"{f', QKV inside them in {s.qkv_parts} parts per kv head' if s.qkv_parts else ''}"
-                f"{' (k / v on the other CTAs)' if s.kv_apart else ''})")
+                f"{' (k / v on the other CTAs)' if s.kv_apart else ''}"
+                f"{', MLP adds by cluster-rank pairs' if s.mlp_pairs else ''})")
 
     def prefill(self, slot, ids, start_pos, all_logits=False):
         out = self.prefill_graphs.prefill(slot, ids, start_pos, all_logits)

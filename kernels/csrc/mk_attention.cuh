@@ -114,7 +114,8 @@ MK_DEV void attn_lanes_combine(float M, float& den, float& num, int W) {
 // denominator (recv[NR_MAX EL_MAX + s 2 MAX_GROUP ..]); bar is the mbarrier the peers' pushes count off; phase counts
 // the rounds this CTA has owned (the parity its next wait needs).
 // ATTNQ (schedule qkv_parts): qkv receives the part's q / k / v rows from every rank (rank r's share at r x its
-// row count), counted off qbar; qphase counts those rounds.
+// row count), counted off qbar; qphase counts those rounds. A paired MLP (mk_mlp.cuh mlp_down_pair): h receives the
+// partner rank's h rows, counted off hbar; hphase counts those rounds.
 struct ClusterRecv {
     float* recv;
     unsigned long long* bar;
@@ -122,6 +123,9 @@ struct ClusterRecv {
     float* qkv;
     unsigned long long* qbar;
     unsigned qphase;
+    float* h;
+    unsigned long long* hbar;
+    unsigned hphase;
 };
 #define MK_RECV_O_FLOATS (MK_MAX_GROUP * MK_HEAD_DIM)          // NR x EL = g x HD
 #define MK_RECV_FLOATS (MK_RECV_O_FLOATS + 16 * 2 * MK_MAX_GROUP)   // + up to 16 splits' (max, denominator) pairs

@@ -24,6 +24,9 @@
 #define MK_CTR_PER_LAYER 5
 #define MK_CTR_QKV 0
 #define MK_AUX_KV_SHIFT 16
+#define MK_AUX_PAIR 1073741824
+#define MK_AUX_PAIR_ROWS_SHIFT 16
+#define MK_MLP_PAIR_ROWS 256
 #define MK_TOPK 8
 #define MK_REC_WORDS 24
 #define MK_NTHREADS 512

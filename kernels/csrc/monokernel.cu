@@ -118,11 +118,13 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
     // The cluster combine's receive region and mbarrier (mk_attention.cuh), initialised before any peer can push.
     __shared__ __align__(16) float cl_recv[MK_RECV_FLOATS];
     __shared__ __align__(16) float cl_qkv[MK_QKV_RECV_FLOATS];
-    __shared__ __align__(8) unsigned long long cl_bar, cl_qbar;
-    ClusterRecv cr{cl_recv, &cl_bar, 0u, cl_qkv, &cl_qbar, 0u};
+    __shared__ __align__(16) float cl_h[MK_MLP_PAIR_ROWS];
+    __shared__ __align__(8) unsigned long long cl_bar, cl_qbar, cl_hbar;
+    ClusterRecv cr{cl_recv, &cl_bar, 0u, cl_qkv, &cl_qbar, 0u, cl_h, &cl_hbar, 0u};
     if (threadIdx.x == 0) {
         mk_mbar_init(&cl_bar);
         mk_mbar_init(&cl_qbar);
+        mk_mbar_init(&cl_hbar);
     }
     mk_cluster_sync();
 #endif
@@ -231,6 +233,12 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
 #if !MK_TP
                 case MK_OP_MLP:
                     trace(p, step, ii, 4);
+#if MK_CLUSTER
+                    if (ins[MK_F_AUX] & MK_AUX_PAIR) {   // schedule.build mlp_pairs
+                        if (mlp_down_pair(p, Lw.wdt, a0, a1, ins[MK_F_AUX], rs, out, red, cr, step, ii) < 0) return;
+                        break;
+                    }
+#endif
                     mlp_down(p, Lw.wdt, a0, a1, rs, out, red, step, ii);
                     break;
 #endif

@@ -249,6 +249,9 @@ def test_engine_end_to_end(tmp_path):
     # and QKV inside them (schedule.qkv_parts_default): 2 q heads per kv head in 2 parts, 2 x 2 of the 7 clusters
     assert eng.stats()["backend_stats"]["qkv_parts"] == 2, eng.stats()
     assert "QKV inside them in 2 parts per kv head" in eng.stats()["backend_detail"]
+    # and the MLP's adds by cluster-rank pairs (schedule.mlp_pairs_default)
+    assert eng.stats()["backend_stats"]["mlp_pairs"] is True, eng.stats()
+    assert "MLP adds by cluster-rank pairs" in eng.stats()["backend_detail"]
     prompt = list(range(10, 40))
     res = eng.complete(prompt, max_new_tokens=40, stop_ids=frozenset())
     assert len(res.token_ids) == 40
@@ -336,6 +339,46 @@ def test_attention_clusters_match_the_default_launch(name, cs):
           f"vs the default launch {between:.2e}")
     assert err <= 1e-2 and between <= 2e-3
     assert torch.equal(outs[0], outs[1])
+
+
+@pytest.mark.parametrize("name", [SHAPES[0], SHAPES[2]])
+def test_paired_mlp_matches_reference_and_the_unpaired_launch(name):
+    """Monokernel(mlp_pairs=True), the engine's default: its cluster launch with paired MLP instructions (cluster
+    ranks 2k and 2k + 1 exchange their h rows over distributed shared memory and each adds half of the outputs).
+    Teacher-forced logits match the fp32 reference and the unpaired launch to rounding, and each repeats to the bit,
+    also run alone (without the side launch, on the main launch's own pairs)."""
+    from kernels import isa
+    from kernels.runtime import Monokernel
+    from kernels.schedule import mlp_partner
+    s = setup_for(name)
+    steps = 48
+    forced = s.ids[PROMPT:PROMPT + steps].tolist()
+    ref = torch.stack([s.m32.forward(s.k32, s.v32, 0, s.ids[PROMPT + j:PROMPT + j + 1].cuda(), PROMPT + j)
+                       for j in range(steps)])
+    outs = {}
+    for pairs, alone in ((False, False), (True, False), (True, True)):
+        mk = Monokernel(s.m16, s.k16, s.v16, max_steps=steps + 8, attn_cluster=16, side=True, mlp_pairs=pairs)
+        n_paired = sum(1 for lst in mk.sched.per_sm for ins in lst if ins[0] == isa.OPS["MLP"] and mlp_partner(ins[7]))
+        assert (n_paired > 0) == pairs
+        if alone:
+            mk.side_wait_ns = 0
+        runs = []
+        for _ in range(2):
+            s.restore()
+            out = torch.full((steps, s.cfg.vocab_size), float("nan"), device="cuda")
+            mk.run(0, forced[0], PROMPT, steps, forced=forced, logits_out=out)
+            runs.append(out)
+        assert mk.ran_alone() == alone
+        assert torch.equal(runs[0], runs[1]), f"pairs {pairs} alone {alone}: a rerun changed a bit"
+        outs[(pairs, alone)] = runs[0]
+        del mk
+    base = outs[(False, False)]
+    for key, out in outs.items():
+        err = max(rel(out[j], ref[j]) for j in range(steps))
+        between = max(rel(out[j], base[j]) for j in range(steps))
+        print(f"\n{name}: mlp_pairs {key[0]}{' alone' if key[1] else ''}: teacher-forced rel L2 max {err:.2e}, "
+              f"vs unpaired {between:.2e}")
+        assert err <= 1e-2 and between <= 2e-3
 
 
 @pytest.mark.parametrize("name", [SHAPES[0], SHAPES[2]])

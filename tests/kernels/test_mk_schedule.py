@@ -1,4 +1,6 @@
 """Static properties of the per-SM instruction lists for real model shapes and tiny ones."""
+import dataclasses
+
 import pytest
 from hypothesis import given, strategies as st
 
@@ -297,3 +299,26 @@ def test_qkv_parts_default_takes_the_most_parts_that_fit(name, cluster, n_cluste
                            cluster_ctas=cluster * n_clusters, qkv_parts=got, kv_apart=kv_apart)
         schedule.check(s)
         assert s.rows["ATTNQ"] * schedule.items_per_row(dims.d) <= 2 * isa.NWARPS
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b", "llama-3.2-1b"])
+def test_mlp_pairs_default_is_on_wherever_build_takes_pairs(name):
+    """Monokernel's mlp_pairs default: on for a cluster launch with the fused MLP (the engine's launch of these
+    shapes, which then builds and checks with pairs), off without clusters or with GATEUP + DOWN, where build
+    refuses pairs; off for a hidden size that is not in 16-byte halves, which build refuses too."""
+    dims = schedule.Dims.of(preset(name))
+    assert schedule.mlp_pairs_default(dims, 16, True)
+    parts = schedule.qkv_parts_default(dims, 16, 7, kv_apart=True)
+    s = schedule.build(dims, n_sm=132, fused_mlp=True, cluster=16, cluster_ctas=112, qkv_parts=parts,
+                       kv_apart=parts > 0, mlp_pairs=True)
+    schedule.check(s)
+    assert s.mlp_pairs
+    for cluster, fused in ((0, True), (16, False)):
+        assert not schedule.mlp_pairs_default(dims, cluster, fused)
+        with pytest.raises(ValueError, match="mlp_pairs"):
+            schedule.build(dims, n_sm=132, fused_mlp=fused, cluster=cluster, cluster_ctas=112 if cluster else None,
+                           mlp_pairs=True)
+    odd = dataclasses.replace(dims, d=dims.d + 8)
+    assert not schedule.mlp_pairs_default(odd, 16, True)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        schedule.build(odd, n_sm=132, fused_mlp=True, cluster=16, cluster_ctas=112, mlp_pairs=True)

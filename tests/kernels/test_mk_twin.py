@@ -156,6 +156,62 @@ def test_attnq_schedule_logits_equal_reference(group, hd, parts, n_sm, cs, cl_ct
         assert torch.isnan(k_tw[1, :, :, end + 1:]).all()
 
 
+@pytest.mark.parametrize("group,hd,parts,n_sm,cs,cl_ctas,kv_apart", [(7, 32, 3, 52, 8, 48, True),
+                                                                       (4, 16, 2, 34, 8, 32, False),
+                                                                       (7, 32, 3, 48, 8, 48, False)])
+def test_paired_mlp_schedule_logits_equal_reference(group, hd, parts, n_sm, cs, cl_ctas, kv_apart):
+    """schedule.build(mlp_pairs=True): the MLP instructions of cluster CTAs 2k and 2k + 1 are paired (each sends its
+    h rows to the other, which adds half of the outputs over both slices); the side launch's stay whole. Teacher-forced
+    logits equal the reference under two execution orders."""
+    cfg = tiny_cfg(n_heads=2 * group, n_kv_heads=2, head_dim=hd, hidden_size=96)
+    model = tiny_model(cfg, seed=group + parts)
+    prompt, forced, k_tw, v_tw, k_ref, v_ref, ref = _teacher_forced(model, cfg, n_sm)
+    sched = schedule.build(schedule.Dims.of(cfg), n_sm=n_sm, fused_mlp=True, cluster=cs, cluster_ctas=cl_ctas,
+                           qkv_parts=parts, kv_apart=kv_apart, mlp_pairs=True)
+    schedule.check(sched)
+    mlp = [(sm, ins) for sm, lst in enumerate(sched.per_sm) for ins in lst if ins[0] == isa.OPS["MLP"]]
+    paired = [(sm, ins) for sm, ins in mlp if schedule.mlp_partner(ins[7])]
+    assert paired and all(sm < cl_ctas for sm, _ in paired)
+    assert all(schedule.mlp_partner(ins[7]) is None for sm, ins in mlp if sm >= cl_ctas)
+    for order in (n_sm, n_sm + 1):
+        k_tw, v_tw = k_ref.clone(), v_ref.clone()
+        k_tw[1, :, :, len(prompt):], v_tw[1, :, :, len(prompt):] = float("nan"), float("nan")
+        res = Twin(model, sched, rope_inv_freq(cfg)).run(k_tw, v_tw, 1, forced[0], len(prompt), len(forced),
+                                                          forced=forced, order_seed=order, attn_min_pos=2)
+        _assert_logits_match(res, ref)
+
+
+def test_paired_mlp_without_its_partner_deadlocks_and_bad_pairs_are_refused():
+    """A paired MLP whose partner runs its MLP unpaired waits for h rows that never come: the twin reports a deadlock
+    and check refuses the schedule, as it does an aux naming other rows than the partner's. build refuses mlp_pairs
+    without clusters or without the fused MLP."""
+    cfg = tiny_cfg(n_heads=8, n_kv_heads=2, head_dim=16, hidden_size=96)
+    model = tiny_model(cfg)
+    dm = schedule.Dims.of(cfg)
+    kw = dict(n_sm=34, fused_mlp=True, cluster=8, cluster_ctas=32, qkv_parts=2, mlp_pairs=True)
+    sched = schedule.build(dm, **kw)
+    lst = sched.per_sm[5]
+    j = next(j for j, ins in enumerate(lst) if ins[0] == isa.OPS["MLP"] and ins[1] == 1)
+    assert schedule.mlp_partner(lst[j][7]) is not None
+    lst[j] = lst[j][:7] + (0,)
+    with pytest.raises(AssertionError, match="not paired"):
+        schedule.check(sched)
+    k, v = _prefill(model, cfg, [1, 2, 3])
+    with pytest.raises(ScheduleError, match="deadlock"):
+        Twin(model, sched, rope_inv_freq(cfg)).run(k, v, 1, 3, 3, 2, attn_min_pos=2)
+    bad = schedule.build(dm, **kw)
+    i = next(j for j, ins in enumerate(bad.per_sm[2]) if ins[0] == isa.OPS["MLP"])
+    ins = bad.per_sm[2][i]
+    a0, a1 = schedule.mlp_partner(ins[7])
+    bad.per_sm[2][i] = ins[:7] + (schedule.mlp_pair_aux(a0 + 1, a1),)
+    with pytest.raises(AssertionError, match="not paired"):
+        schedule.check(bad)
+    with pytest.raises(ValueError, match="cluster launch and the fused MLP"):
+        schedule.build(dm, n_sm=34, fused_mlp=True, mlp_pairs=True)
+    with pytest.raises(ValueError, match="cluster launch and the fused MLP"):
+        schedule.build(dm, n_sm=34, cluster=8, cluster_ctas=32, mlp_pairs=True)
+
+
 def test_attnq_rank_that_never_pushes_deadlocks_and_bad_layouts_are_refused():
     """An ATTNQ rank left out of its part (its instruction dropped) leaves the others waiting for its share: the twin
     reports a deadlock. build refuses qkv_parts without clusters, with more parts than clusters, or parts whose rows do
