@@ -4,6 +4,8 @@ The library is cached under ~/.cache/kog-lsp/kernels/<hash>/ keyed by the source
 the flags; a build prints one progress line. `KOG_KERNELS_CACHE` overrides the cache root. The variants: one GPU
 with the tensor-parallel exchange compiled out (-DMK_TP=0), with or without cluster=True (-DMK_CLUSTER=1: the
 attention combined inside thread-block clusters, Monokernel(attn_cluster=...)), and tp=True (kernels/tp_runtime.py).
+A cluster build with kv_overlap=True (-DMK_KV_OVERLAP=1) restages the attention's later K / V chunks while the loop
+runs: the library Monokernel launches when a launch's longest split needs more than one staged chunk.
 Each is built for one attention head size (head_dim in isa.HEAD_DIMS: -DMK_HEAD_DIM), so the kernel holds one
 attention path (a smaller kernel).
 """
@@ -47,38 +49,42 @@ def extra_flags() -> tuple[str, ...]:
     return tuple(os.environ.get("KOG_NVCC_FLAGS", "").split())
 
 
-def variant_flags(tp: bool, cluster: bool = False, *, head_dim: int) -> tuple[str, ...]:
+def variant_flags(tp: bool, cluster: bool = False, *, head_dim: int, kv_overlap: bool = False) -> tuple[str, ...]:
     if tp and cluster:
         raise ValueError("the tensor-parallel build has no cluster attention")
+    if kv_overlap and not cluster:
+        raise ValueError("kv_overlap: a cluster build only")
     if head_dim not in isa.HEAD_DIMS:
         raise ValueError(f"head_dim {head_dim}: the kernel has attention for {', '.join(map(str, isa.HEAD_DIMS))}")
-    return (f"-DMK_TP={int(tp)}", f"-DMK_CLUSTER={int(cluster)}",
-            f"-DMK_HEAD_DIM={head_dim}") + (() if tp else ONE_GPU_FLAGS)
+    return (f"-DMK_TP={int(tp)}", f"-DMK_CLUSTER={int(cluster)}", f"-DMK_HEAD_DIM={head_dim}") + \
+        (() if tp else ONE_GPU_FLAGS) + (("-DMK_KV_OVERLAP=1",) if kv_overlap else ())
 
 
-def nvcc_flags(tp: bool, cluster: bool, *, head_dim: int, extra: tuple[str, ...]) -> tuple[str, ...]:
+def nvcc_flags(tp: bool, cluster: bool, *, head_dim: int, extra: tuple[str, ...],
+               kv_overlap: bool = False) -> tuple[str, ...]:
     """Every nvcc flag of the variant's build, extra (extra_flags()) last: what the cache key hashes and nvcc gets."""
-    return (ARCH,) + FLAGS + variant_flags(tp, cluster, head_dim=head_dim) + extra
+    return (ARCH,) + FLAGS + variant_flags(tp, cluster, head_dim=head_dim, kv_overlap=kv_overlap) + extra
 
 
 def source_hash(tp: bool = False, cluster: bool = False, *, head_dim: int,
-                extra: tuple[str, ...] | None = None) -> str:
+                extra: tuple[str, ...] | None = None, kv_overlap: bool = False) -> str:
     """The variant's cache key; extra: the extra nvcc flags (None: read KOG_NVCC_FLAGS now)."""
     h = hashlib.sha256()
     for name in SOURCES:
         h.update(name.encode())
         h.update((CSRC / name).read_bytes())
     h.update(isa.render_header().encode())
-    flags = nvcc_flags(tp, cluster, head_dim=head_dim, extra=extra_flags() if extra is None else extra)
+    flags = nvcc_flags(tp, cluster, head_dim=head_dim, extra=extra_flags() if extra is None else extra,
+                       kv_overlap=kv_overlap)
     h.update(" ".join(flags).encode())
     return h.hexdigest()[:16]
 
 
 def build(verbose: bool = False, tp: bool = False, cluster: bool = False, *,
-          head_dim: int) -> Path:
+          head_dim: int, kv_overlap: bool = False) -> Path:
     """-> path of libmonokernel.so of the variant (built if the cache has none for these sources)."""
     extra = extra_flags()   # one read: the cache key and the command line agree
-    out_dir = cache_root() / source_hash(tp, cluster, head_dim=head_dim, extra=extra)
+    out_dir = cache_root() / source_hash(tp, cluster, head_dim=head_dim, extra=extra, kv_overlap=kv_overlap)
     lib = out_dir / "libmonokernel.so"
     if lib.exists():
         return lib
@@ -90,10 +96,11 @@ def build(verbose: bool = False, tp: bool = False, cluster: bool = False, *,
     # always the one kernels/isa.py describes (tests check the checked-in copy matches too).
     (out_dir / "mk_isa.h").write_text(isa.render_header())
     tmp = out_dir / f"libmonokernel.{os.getpid()}.so"
-    cmd = [nvcc, *nvcc_flags(tp, cluster, head_dim=head_dim, extra=extra), f"-I{out_dir}", f"-I{CSRC}", "-o",
-           str(tmp), str(CSRC / "monokernel.cu")]
+    cmd = [nvcc, *nvcc_flags(tp, cluster, head_dim=head_dim, extra=extra, kv_overlap=kv_overlap), f"-I{out_dir}",
+           f"-I{CSRC}", "-o", str(tmp), str(CSRC / "monokernel.cu")]
     what = ("tensor-parallel monokernel" if tp else "monokernel") + \
-        (" with cluster attention" if cluster else "") + f" for head_dim {head_dim}"
+        (" with cluster attention" if cluster else "") + (" and K / V restaging overlap" if kv_overlap else "") + \
+        f" for head_dim {head_dim}"
     flags_note = f" (extra flags: {' '.join(extra)})" if extra else ""
     print(f"[kernels] building {what} with nvcc into {out_dir}{flags_note} ...", file=sys.stderr, flush=True)
     t0 = time.time()
@@ -110,8 +117,10 @@ def build(verbose: bool = False, tp: bool = False, cluster: bool = False, *,
     return lib
 
 
-if __name__ == "__main__":   # the builds the three bench shapes use (head_dim 64: 0.5B, Llama-1B; 128: 1.5B)
+if __name__ == "__main__":   # the builds the bench shapes use (head_dim 64: 0.5B, Llama-1B; 128: 1.5B)
     print(build(verbose=True, head_dim=64))
     print(build(verbose=True, head_dim=128))
     print(build(verbose=True, tp=True, head_dim=128))
-    print(build(verbose=True, cluster=True, head_dim=64))
+    for hd in (64, 128):
+        print(build(verbose=True, cluster=True, head_dim=hd))
+        print(build(verbose=True, cluster=True, head_dim=hd, kv_overlap=True))

@@ -17,7 +17,7 @@ import torch
 from . import isa
 from .build import build
 from .schedule import (L1_KEEP_MIN_POS, Dims, Schedule, attn_split_defaults, attnq_order, build as build_schedule,
-                       mlp_pairs_default, qkv_parts_default, sampler_fits, smem_layout)
+                       longest_split_chunks, mlp_pairs_default, qkv_parts_default, sampler_fits, smem_layout)
 
 log = logging.getLogger("kernels")
 
@@ -65,12 +65,13 @@ def no_token_message(step: int) -> str:
 _LIBS: dict[tuple[bool, bool, int], ctypes.CDLL] = {}   # (tp, cluster, head_dim)
 
 
-def load_library(tp: bool = False, cluster: bool = False, *, head_dim: int) -> ctypes.CDLL:
-    """The one-GPU build (cluster: with the attention combined inside thread-block clusters), or with tp the
-    tensor-parallel one, for one attention head size (kernels/build.py)."""
-    key = (tp, cluster, head_dim)
+def load_library(tp: bool = False, cluster: bool = False, *, head_dim: int, kv_overlap: bool = False) -> ctypes.CDLL:
+    """The one-GPU build (cluster: with the attention combined inside thread-block clusters; kv_overlap: and the
+    K / V restaging overlapped with the attention loop), or with tp the tensor-parallel one, for one attention head
+    size (kernels/build.py)."""
+    key = (tp, cluster, head_dim, kv_overlap)
     if key not in _LIBS:
-        lib = ctypes.CDLL(str(build(tp=tp, cluster=cluster, head_dim=head_dim)))
+        lib = ctypes.CDLL(str(build(tp=tp, cluster=cluster, head_dim=head_dim, kv_overlap=kv_overlap)))
         lib.mk_launch.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
         lib.mk_start.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_void_p]
         lib.mk_launch_pair.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int,
@@ -130,7 +131,7 @@ class Monokernel:
                  fused_mlp: bool | None = None, attn_cluster: int = 0,
                  n_splits: int | None = None, kv_stage_cap: int | None = None, side: bool | None = None,
                  qkv_parts: int | None = None, kv_apart: bool | None = None,
-                 lm_screen: bool | None = None, mlp_pairs: bool | None = None):
+                 lm_screen: bool | None = None, mlp_pairs: bool | None = None, long_lib: bool | None = None):
         """sched: a prebuilt schedule for this model's shape and n_sm (tensor parallelism passes one whose
         exchanged waits count every rank's producers, and tp_build: the library variant with the exchange:
         kernels/tp_runtime.py). fused_mlp: the MLP schedule (schedule.build(fused_mlp=True); default: on for the
@@ -159,12 +160,19 @@ class Monokernel:
         lm_screen (default: on where it can run): the screened LM head (kernels/lm_screen.py) for launches that
         need no logits output and no top-p; it keeps an int8 copy of the LM head (vocab x d bytes). lm_mode says
         which head the last launch ran and why.
+        long_lib (with attn_cluster; default: on where it loads): launches whose longest attention split needs more
+        than one staged chunk of K / V (schedule.longest_split_chunks at the launch's last step) run the cluster build
+        with the later chunks restaged during the loop (kernels/build.py kv_overlap; the same arithmetic, the same
+        bits). As one build it cost 1.5B +0.9 % at ctx 512 (session 32's 107), hence a second library; as one (session
+        33, bench/NOTES.md): 1.5B 1,547 -> 1,455 us/token at ctx 8,000, 0.5B 726 -> 712, ctx 512 unchanged.
+        long_lib_off says why it is off; long_launches counts the launches that ran it.
         The library calls below bind to the thread's current device, which is the model's device inside this
         block; the caller's comes back after."""
         with torch.cuda.device(model.device):
             self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp, attn_cluster,
                        n_splits, kv_stage_cap, side, qkv_parts, kv_apart, mlp_pairs)
             self._init_lm_screen(lm_screen, tp_build)
+            self._init_long_lib(long_lib)
 
     def _init_lm_screen(self, want: bool | None, tp_build: bool) -> None:
         """The screened LM head's tables, or why it is off (self.lm_screen_off: None when it can run)."""
@@ -194,6 +202,42 @@ class Monokernel:
             log.info("monokernel: exact LM head only: %s", why)
         self.lm_mode = "exact" if why is None else f"exact ({why})"
         self._lm_logged: set[str] = set()
+
+    def _init_long_lib(self, want: bool | None) -> None:
+        """The long-context library (see __init__ long_lib), or why it is off (self.long_lib_off: None when on)."""
+        self.lib_long: ctypes.CDLL | None = None
+        self.long_launches = 0
+        lib = None
+        if not self.attn_cluster:
+            why = "no cluster launch"
+        elif want is False:
+            why = "off (long_lib=False)"
+        else:
+            try:
+                lib = load_library(False, True, head_dim=self.cfg.head_dim, kv_overlap=True)
+                fit = ctypes.c_int(0)
+                _check(lib, lib.mk_max_clusters(self.smem, self.attn_cluster, ctypes.byref(fit)), "cluster occupancy")
+                why = None if fit.value * self.attn_cluster >= self.n_main else \
+                    f"only {fit.value} clusters of its build resident"
+            except Exception as e:   # noqa: BLE001 - no nvcc, a failed build: the default library runs every launch
+                why = f"{type(e).__name__}: {e}"
+        if why is not None and want:
+            raise ValueError(f"long_lib: {why}")
+        self.long_lib_off = why
+        if why is None:
+            self.lib_long = lib
+            log.info("monokernel: launches with more than one staged K / V chunk per split run the build that "
+                     "restages them during the loop")
+        elif self.attn_cluster:
+            log.info("monokernel: one library for every context: %s", why)
+
+    def lib_for(self, pos0: int, n_steps: int) -> ctypes.CDLL:
+        """The library a launch of n_steps from position pos0 runs: the long-context one where its last step's longest
+        attention split needs more than one staged chunk."""
+        if self.lib_long is not None and longest_split_chunks(pos0 + n_steps, self.sched.n_splits, self.attn_min_pos,
+                                                              self.attn_min_splits, self.kv_stage_pos) > 1:
+            return self.lib_long
+        return self.lib
 
     def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp,
               attn_cluster, n_splits, kv_stage_cap=None, side=None, qkv_parts=None, kv_apart=None,
@@ -393,25 +437,27 @@ class Monokernel:
         logits_out: fp32 [n_steps, V] receives every step's logits."""
         p = self.params(slot, token, pos0, n_steps, temperature, top_p, seed, stop_ids, forced, logits_out)
         self.stream = torch.cuda.current_stream(self.device)
+        lib = self.lib_for(pos0, n_steps)
+        self.long_launches += lib is not self.lib
         with _keeps_device():
-            self.lib.mk_set_device(self.dev_index)   # per host thread: the engine worker may not be the creator
+            lib.mk_set_device(self.dev_index)   # per host thread and library: the engine worker may not be the creator
             if self.side_active:
                 ps = MkParams.from_buffer_copy(p)
                 ps.cta0 = self.n_main
                 if self.trace_buf is not None:   # the side's CTAs stamp rows n_main.. (monokernel.cu trace)
                     ps.trace = _ptr(self.trace_buf[self.n_main:])
-                err = self.lib.mk_launch_pair(ctypes.byref(p), ctypes.byref(ps), self.n_main, self.n_side, self.smem,
-                                              ctypes.c_void_p(self.stream.cuda_stream),
-                                              ctypes.c_void_p(self.side_stream.cuda_stream), self.sched.n_counters)
+                err = lib.mk_launch_pair(ctypes.byref(p), ctypes.byref(ps), self.n_main, self.n_side, self.smem,
+                                         ctypes.c_void_p(self.stream.cuda_stream),
+                                         ctypes.c_void_p(self.side_stream.cuda_stream), self.sched.n_counters)
                 if err < 0:   # the main launch runs (alone, after side_wait_ns); later ones without the side
-                    self.side_error = f"CUDA error {-err} ({self.lib.mk_error_string(-err).decode()})"
+                    self.side_error = f"CUDA error {-err} ({lib.mk_error_string(-err).decode()})"
                     log.warning("monokernel: the side launch failed to start (%s): launching without it from now on",
                                 self.side_error)
                     err = 0
             else:
-                err = self.lib.mk_launch(ctypes.byref(p), self.n_main, self.smem,
-                                         ctypes.c_void_p(self.stream.cuda_stream), self.sched.n_counters)
-        _check(self.lib, err, "monokernel launch")
+                err = lib.mk_launch(ctypes.byref(p), self.n_main, self.smem,
+                                    ctypes.c_void_p(self.stream.cuda_stream), self.sched.n_counters)
+        _check(lib, err, "monokernel launch")
         self.running = True
         self.n_steps = n_steps
 

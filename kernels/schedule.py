@@ -190,6 +190,13 @@ def attn_splits_in_use(n: int, n_splits: int, min_pos: int, min_splits: int, sta
     return max(1, s)
 
 
+def longest_split_chunks(n: int, n_splits: int, min_pos: int, min_splits: int, stage_pos: int) -> int:
+    """Staged chunks the longest attention split goes through at context length n: mk_attention.cuh attn_step_fill
+    gives split s positions [s n / S, (s + 1) n / S) of the S = attn_splits_in_use splits, so at most ceil(n / S)."""
+    s = attn_splits_in_use(n, n_splits, min_pos, min_splits, stage_pos)
+    return -(-(-(-n // s)) // stage_pos)
+
+
 # The attention's split rule (attn_split_defaults): about this many CTAs hold a step's positions; a cluster
 # launch's splits hold at least CLUSTER_MIN_POS positions each.
 ATTN_CTAS = 64

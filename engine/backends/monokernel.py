@@ -127,6 +127,8 @@ class MonokernelBackend(Backend):
         self.stats["qkv_parts"] = self.mk.sched.qkv_parts   # QKV inside the clusters (0: its own stage)
         self.stats["kv_apart"] = self.mk.sched.kv_apart     # their k / v rows on the CTAs without attention
         self.stats["mlp_pairs"] = self.mk.sched.mlp_pairs   # cluster ranks 2k / 2k + 1 share the MLP's adds
+        # the long-context library (launches with more than one staged K / V chunk per split): "on" or why not
+        self.stats["long_lib"] = "on" if self.mk.lib_long is not None else f"off ({self.mk.long_lib_off})"
         # K / V positions staged per chunk, and whether that staging left the L1 its share (kernels/runtime.py
         # L1_KEEP_CARVEOUT; False: fewer than 128 positions fit within it, the log line says so too)
         self.stats["stage_positions"] = self.mk.stage_capacity
@@ -198,10 +200,12 @@ class MonokernelBackend(Backend):
         """The side launch's fallbacks so far (kernels/runtime.py: each one is also logged): launches that ran on the
         clusters alone, and why the side launch stopped being started, if it did. The tensor-parallel kernels have
         no side launch (no n_side). Also which LM head the last launch ran (screened, or exact and why) and the
-        launches whose screened head computed a block exactly (too many candidates)."""
+        launches whose screened head computed a block exactly (too many candidates), and the launches that ran the
+        long-context library."""
         if hasattr(self.mk, "lm_mode"):
             self.stats["lm_head"] = self.mk.lm_mode
             self.stats["lm_screen_over"] = self.mk.lm_over
+            self.stats["long_launches"] = self.mk.long_launches
         if getattr(self.mk, "n_side", 0):
             self.stats["side_alone"] = self.mk.side_alone
             if self.mk.side_error:

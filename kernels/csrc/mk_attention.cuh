@@ -58,6 +58,20 @@ MK_DEV void attn_stage(const mk_bf16* gk, const mk_bf16* gv, mk_bf16* sk, mk_bf1
     }
 }
 
+// The K / V restaging overlap (bench/experiments/107-mk-kv-restage-overlap.patch, session 32; bench/NOTES.md).
+#if MK_KV_OVERLAP
+// `rows` cached rows of one of K (stride HD + MK_KPAD: the staged K layout) or V (stride HD) into the staging, by
+// threads t0 .. NT - 1 (cp.async; the caller commits, waits + syncs).
+template <int HD>
+MK_DEV void attn_stage_rows(const mk_bf16* g, mk_bf16* s, int rows, int stride, int t0) {
+    constexpr int CPR = HD * 2 / 16;   // 16-byte chunks per row
+    for (int c = threadIdx.x - t0; c < rows * CPR; c += NT - t0) {
+        const int r = c / CPR;
+        mk_cp_async16(s + (size_t)r * stride + (c - r * CPR) * 8, g + c * 8);
+    }
+}
+#endif
+
 // Before the instruction's wait: start copying the cached K and V rows this split will read (positions written
 // before this step, at most kv_stage_pos of them) into shared memory. They do not depend on this step's data,
 // so, like a matvec's early weight loads, their latency hides behind the wait instead of lengthening the chain.
@@ -323,6 +337,29 @@ MK_DEV void attn_chunks(const MkParams& p, int step, int ii, int g, int p0, int 
     // Warp j < g owns q head j and its partial record (max, denominator, HD weighted sums), which also holds
     // the running state between chunks (attn_head_values).
     const int warp = threadIdx.x >> 5;
+#if MK_KV_OVERLAP
+    // A later chunk's K rows are copied in while the chunk before it runs its values phase (the warps >= g issue
+    // them once the scores no longer need the K buffer), its V rows while its own scores run (issued once the
+    // previous values no longer need the V buffer): the copies' latency overlaps the loop instead of adding to it.
+    for (int c0 = p0; c0 < p1; c0 += cap) {
+        const int C = min(cap, p1 - c0), n1 = min(cap, p1 - c0 - cap);   // n1 > 0: a next chunk
+        if (c0 > p0) {   // this chunk's K (its V may still be in flight)
+            mk_cp_async_wait_but_newest();
+            __syncthreads();
+        }
+        attn_scores_mma<HD>(qh, stk, sc, g, C, cap);
+        if (c0 > p0) mk_cp_async_wait_all();   // this chunk's V
+        __syncthreads();
+        if (n1 > 0 && warp >= g) attn_stage_rows<HD>(kc + (size_t)(c0 + cap) * HD, stk, n1, HD + MK_KPAD, g * 32);
+        mk_cp_async_commit();
+        if (warp < g) attn_head_values<HD>(sc, stv, C, cap, part + warp * (HD + 2), c0 == p0);
+        if (n1 > 0) {
+            __syncthreads();
+            attn_stage_rows<HD>(vc + (size_t)(c0 + cap) * HD, stv, n1, HD, 0);
+            mk_cp_async_commit();
+        }
+    }
+#else
     for (int c0 = p0; c0 < p1; c0 += cap) {
         const int C = min(cap, p1 - c0);
         if (c0 > p0) {   // a later chunk: after every reader of the previous one, copy it in
@@ -335,6 +372,7 @@ MK_DEV void attn_chunks(const MkParams& p, int step, int ii, int g, int p0, int 
         __syncthreads();
         if (warp < g) attn_head_values<HD>(sc, stv, C, cap, part + warp * (HD + 2), c0 == p0);
     }
+#endif
     trace(p, step, ii, 5);   // every position done
     __syncthreads();
 }

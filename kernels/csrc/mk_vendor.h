@@ -157,6 +157,11 @@ MK_DEV void mk_cp_async4(void* dst, const void* src) {
                  :: "r"(mk_smem_addr(dst)), "l"(src) : "memory");
 }
 MK_DEV void mk_cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+#if MK_KV_OVERLAP
+// This thread's copies issued so far form one group; wait until at most the newest group is still in flight.
+MK_DEV void mk_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+MK_DEV void mk_cp_async_wait_but_newest() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+#endif
 // Tensor cores (sm_80+): ldmatrix of four / two 8 x 8 bf16 tiles (each lane gives one 16-byte row address, lanes
 // 0-7 tile 0, 8-15 tile 1, ...); mma m16n8k16, bf16 in, fp32 accumulate.
 MK_DEV void mk_ldsm_x4(unsigned a, unsigned (&r)[4]) {

@@ -128,7 +128,8 @@ def test_head_dim_96_small_shape_matches_fp32_reference():
 def test_long_context_8k(name, launch):
     """Positions 8,190-8,197 of a random model against the fp32 reference: the plain launch, and the launch the engine
     picks (schedule.attn_cluster_model: clusters of 16 with the side launch, ATTNQ parts and k / v apart for both
-    shapes), whose 16 splits per kv head then hold ~512 positions each."""
+    shapes), whose 16 splits per kv head then hold ~512 positions each: several staged chunks, so it runs the
+    long-context library (Monokernel long_lib), which gives the default library's bits."""
     from engine.config import preset
     from kernels.runtime import Monokernel
     from kernels.schedule import Dims, attn_cluster_model
@@ -157,6 +158,16 @@ def test_long_context_8k(name, launch):
     errs = [rel(out[j], ref[j]) for j in range(N)]
     print(f"\n{name} {launch} launch, long context pos {P}..{P + N - 1}: rel L2 max {max(errs):.2e}")
     assert max(errs) <= 1e-2
+    if launch == "engine":
+        assert mk.lib_long is not None and mk.long_launches == 1, mk.long_lib_off
+        assert mk.lib_for(0, 64) is mk.lib and mk.lib_for(P, N) is mk.lib_long
+        lib_long, mk.lib_long = mk.lib_long, None   # the same launch on the default library (its rows rewritten)
+        out2 = torch.empty_like(out)
+        mk.run(0, int(ids[P]), P, N, forced=ids[P:].tolist(), logits_out=out2)
+        mk.lib_long = lib_long
+        print(f"{name}: the long-context library against the default one: max |diff| "
+              f"{(out - out2).abs().max().item():.2e}")
+        assert torch.equal(out, out2) and mk.long_launches == 1
 
 
 def test_cancel_mid_run_and_sampling():

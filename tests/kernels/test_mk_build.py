@@ -14,6 +14,20 @@ def test_every_variant_has_its_own_cache_entry():
     assert build.source_hash(head_dim=64) == build.source_hash(False, False, head_dim=64)
 
 
+def test_the_long_context_build_is_a_cluster_variant_with_its_own_cache_entry():
+    """kv_overlap (the long-context library, runtime.Monokernel long_lib): -DMK_KV_OVERLAP=1 on a cluster build, its
+    own cache key; the default builds do not carry the define; no plain or tensor-parallel variant of it."""
+    for hd in (64, 128):
+        flags = build.variant_flags(False, True, head_dim=hd, kv_overlap=True)
+        assert "-DMK_KV_OVERLAP=1" in flags and "-DMK_CLUSTER=1" in flags
+        assert not any("KV_OVERLAP" in f for f in build.variant_flags(False, True, head_dim=hd))
+        assert build.source_hash(False, True, head_dim=hd, kv_overlap=True) != \
+            build.source_hash(False, True, head_dim=hd)
+    for tp in (False, True):
+        with pytest.raises(ValueError, match="cluster build only"):
+            build.variant_flags(tp, False, head_dim=64, kv_overlap=True)
+
+
 def test_extra_nvcc_flags_get_their_own_cache_entry(monkeypatch):
     monkeypatch.delenv("KOG_NVCC_FLAGS", raising=False)
     plain = build.source_hash(head_dim=64)

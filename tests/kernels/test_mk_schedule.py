@@ -322,3 +322,14 @@ def test_mlp_pairs_default_is_on_wherever_build_takes_pairs(name):
     assert not schedule.mlp_pairs_default(odd, 16, True)
     with pytest.raises(ValueError, match="multiple of 16"):
         schedule.build(odd, n_sm=132, fused_mlp=True, cluster=16, cluster_ctas=112, mlp_pairs=True)
+
+
+@given(n=st.integers(1, 40_000), n_splits=st.sampled_from([1, 8, 16, 32]), min_pos=st.sampled_from([1, 16, 40, 64]),
+       min_splits=st.sampled_from([0, 8]), stage_pos=st.integers(1, 300))
+def test_longest_split_chunks_counts_the_kernels_longest_split(n, n_splits, min_pos, min_splits, stage_pos):
+    """longest_split_chunks (runtime.Monokernel.lib_for: which library a launch runs) against the kernel's split
+    bounds (mk_attention.cuh attn_step_fill: split s holds [s n / S, (s + 1) n / S) of S splits in use): the staged
+    chunks of the longest split."""
+    s = schedule.attn_splits_in_use(n, n_splits, min_pos, min_splits, stage_pos)
+    longest = max((i + 1) * n // s - i * n // s for i in range(s))
+    assert schedule.longest_split_chunks(n, n_splits, min_pos, min_splits, stage_pos) == -(-longest // stage_pos)
