@@ -62,7 +62,7 @@ def no_token_message(step: int) -> str:
             "the launch stopped there")
 
 
-_LIBS: dict[tuple[bool, bool, int], ctypes.CDLL] = {}   # (tp, cluster, head_dim)
+_LIBS: dict[tuple[bool, bool, int, bool], ctypes.CDLL] = {}   # (tp, cluster, head_dim, kv_overlap)
 
 
 def load_library(tp: bool = False, cluster: bool = False, *, head_dim: int, kv_overlap: bool = False) -> ctypes.CDLL:
@@ -163,8 +163,9 @@ class Monokernel:
         long_lib (with attn_cluster; default: on where it loads): launches whose longest attention split needs more
         than one staged chunk of K / V (schedule.longest_split_chunks at the launch's last step) run the cluster build
         with the later chunks restaged during the loop (kernels/build.py kv_overlap; the same arithmetic, the same
-        bits). As one build it cost 1.5B +0.9 % at ctx 512 (session 32's 107), hence a second library; as one (session
-        33, bench/NOTES.md): 1.5B 1,547 -> 1,455 us/token at ctx 8,000, 0.5B 726 -> 712, ctx 512 unchanged.
+        bits). Built into the default library it cost 1.5B +0.9 % at ctx 512 (session 32's 107), hence a second
+        library. Measured so (session 33, bench/NOTES.md): 1.5B 1,547 -> 1,455 us/token at ctx 8,000, 0.5B 726 -> 712,
+        ctx 512 unchanged.
         long_lib_off says why it is off; long_launches counts the launches that ran it.
         The library calls below bind to the thread's current device, which is the model's device inside this
         block; the caller's comes back after."""
@@ -207,7 +208,7 @@ class Monokernel:
         """The long-context library (see __init__ long_lib), or why it is off (self.long_lib_off: None when on)."""
         self.lib_long: ctypes.CDLL | None = None
         self.long_launches = 0
-        lib = None
+        lib, failed = None, False
         if not self.attn_cluster:
             why = "no cluster launch"
         elif want is False:
@@ -220,7 +221,7 @@ class Monokernel:
                 why = None if fit.value * self.attn_cluster >= self.n_main else \
                     f"only {fit.value} clusters of its build resident"
             except Exception as e:   # noqa: BLE001 - no nvcc, a failed build: the default library runs every launch
-                why = f"{type(e).__name__}: {e}"
+                why, failed = f"{type(e).__name__}: {e}", True
         if why is not None and want:
             raise ValueError(f"long_lib: {why}")
         self.long_lib_off = why
@@ -229,7 +230,7 @@ class Monokernel:
             log.info("monokernel: launches with more than one staged K / V chunk per split run the build that "
                      "restages them during the loop")
         elif self.attn_cluster:
-            log.info("monokernel: one library for every context: %s", why)
+            (log.warning if failed else log.info)("monokernel: one library for every context: %s", why)
 
     def lib_for(self, pos0: int, n_steps: int) -> ctypes.CDLL:
         """The library a launch of n_steps from position pos0 runs: the long-context one where its last step's longest
