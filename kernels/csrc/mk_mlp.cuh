@@ -26,6 +26,8 @@ MK_DEV void mlp_down(const MkParams& p, const mk_bf16* wdt, int a0, int a1, floa
     // row groups' partial sums go to red[g * d ..] and are added in group order (fixed: reproducible).
     const int d = p.d, nch = d >> 3;
     const int G = nch < NT ? div_small(NT, nch) : 1;   // div_small, divmod_small: these run on the layer's chain
+    // The row loop below is mlp_rows_dot's (the cluster builds' paired share). Calling it here changed every one-GPU
+    // build's SASS (session 33, unmeasured), so this hot loop stays written out.
     for (int u = threadIdx.x; u < G * nch; u += NT) {
         int c;
         const int g = divmod_small(u, nch, c);
