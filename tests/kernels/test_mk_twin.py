@@ -110,6 +110,16 @@ ATTNQ_CASES = [(7, 32, 3, 52, 8, 48), (7, 32, 2, 32, 8, 32), (4, 16, 2, 34, 8, 3
 ATTNQ_KV_CASES = [(7, 32, 3, 52, 8, 48), (4, 16, 2, 34, 8, 32), (7, 32, 2, 48, 8, 40)]
 
 
+def _two_orders(model, sched, prompt, forced, k_ref, v_ref):
+    """The twin's teacher-forced run of `forced` after `prompt` in slot 1 under two execution orders, the slot's rows
+    past the prompt NaN until a step appends them: (result, the K cache it left) per order."""
+    for order in (sched.n_sm, sched.n_sm + 1):
+        k_tw, v_tw = k_ref.clone(), v_ref.clone()
+        k_tw[1, :, :, len(prompt):], v_tw[1, :, :, len(prompt):] = float("nan"), float("nan")
+        yield Twin(model, sched, rope_inv_freq(model.cfg)).run(k_tw, v_tw, 1, forced[0], len(prompt), len(forced),
+                                                                forced=forced, order_seed=order, attn_min_pos=2), k_tw
+
+
 @pytest.mark.parametrize("group,hd,parts,n_sm,cs,cl_ctas,kv_apart",
                          [c + (False,) for c in ATTNQ_CASES] + [c + (True,) for c in ATTNQ_KV_CASES])
 @pytest.mark.parametrize("fused", [False, True], ids=["gateup-down", "fused-mlp"])
@@ -145,11 +155,7 @@ def test_attnq_schedule_logits_equal_reference(group, hd, parts, n_sm, cs, cl_ct
         cl = {(sm // cs, ins[6] & 0xffffff) for sm, lst in enumerate(sched.per_sm) for ins in lst
               if ins[0] == isa.OPS["ATTNQ"] and ins[1] == layer}
         assert len({c for c, _ in cl}) == len(cl) == 2 * parts
-    for order in (n_sm, n_sm + 1):
-        k_tw, v_tw = k_ref.clone(), v_ref.clone()
-        k_tw[1, :, :, len(prompt):], v_tw[1, :, :, len(prompt):] = float("nan"), float("nan")
-        res = Twin(model, sched, rope_inv_freq(cfg)).run(k_tw, v_tw, 1, forced[0], len(prompt), len(forced),
-                                                          forced=forced, order_seed=order, attn_min_pos=2)
+    for res, k_tw in _two_orders(model, sched, prompt, forced, k_ref, v_ref):
         _assert_logits_match(res, ref)
         end = len(prompt) + len(forced) - 1   # the last step's row is appended too
         assert torch.allclose(k_tw[1, :, :, :end], k_ref[1, :, :, :end], atol=1e-5)
@@ -173,11 +179,7 @@ def test_paired_mlp_schedule_logits_equal_reference(group, hd, parts, n_sm, cs, 
     paired = [(sm, ins) for sm, ins in mlp if schedule.mlp_partner(ins[7])]
     assert paired and all(sm < cl_ctas for sm, _ in paired)
     assert all(schedule.mlp_partner(ins[7]) is None for sm, ins in mlp if sm >= cl_ctas)
-    for order in (n_sm, n_sm + 1):
-        k_tw, v_tw = k_ref.clone(), v_ref.clone()
-        k_tw[1, :, :, len(prompt):], v_tw[1, :, :, len(prompt):] = float("nan"), float("nan")
-        res = Twin(model, sched, rope_inv_freq(cfg)).run(k_tw, v_tw, 1, forced[0], len(prompt), len(forced),
-                                                          forced=forced, order_seed=order, attn_min_pos=2)
+    for res, _ in _two_orders(model, sched, prompt, forced, k_ref, v_ref):
         _assert_logits_match(res, ref)
 
 
