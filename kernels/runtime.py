@@ -131,7 +131,8 @@ class Monokernel:
                  fused_mlp: bool | None = None, attn_cluster: int = 0,
                  n_splits: int | None = None, kv_stage_cap: int | None = None, side: bool | None = None,
                  qkv_parts: int | None = None, kv_apart: bool | None = None,
-                 lm_screen: bool | None = None, mlp_pairs: bool | None = None, long_lib: bool | None = None):
+                 lm_screen: bool | None = None, mlp_pairs: bool | None = None, long_lib: bool | None = None,
+                 mlp_weights: tuple[float, float] = (1.0, 1.0)):
         """sched: a prebuilt schedule for this model's shape and n_sm (tensor parallelism passes one whose
         exchanged waits count every rank's producers, and tp_build: the library variant with the exchange:
         kernels/tp_runtime.py). fused_mlp: the MLP schedule (schedule.build(fused_mlp=True); default: on for the
@@ -156,7 +157,8 @@ class Monokernel:
         default: on where that layout fits the clusters (measured faster on 0.5B and 1.5B, bench/NOTES.md session 29).
         mlp_pairs (with attn_cluster and the fused MLP): paired MLP instructions (schedule.build(mlp_pairs=True)):
         cluster ranks 2k and 2k + 1 exchange their h rows and each adds half of the outputs (76 adds per output
-        instead of 132 on an H200); default: schedule.mlp_pairs_default.
+        instead of 132 on an H200); default: schedule.mlp_pairs_default. mlp_weights (with qkv_parts): the MLP rows of
+        the CTAs without a part and of the side launch's, against 1 for the parts' (schedule.build mlp_weights).
         lm_screen (default: on where it can run): the screened LM head (kernels/lm_screen.py) for launches that
         need no logits output and no top-p; it keeps an int8 copy of the LM head (vocab x d bytes). lm_mode says
         which head the last launch ran and why.
@@ -171,7 +173,7 @@ class Monokernel:
         block; the caller's comes back after."""
         with torch.cuda.device(model.device):
             self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp, attn_cluster,
-                       n_splits, kv_stage_cap, side, qkv_parts, kv_apart, mlp_pairs)
+                       n_splits, kv_stage_cap, side, qkv_parts, kv_apart, mlp_pairs, mlp_weights)
             self._init_lm_screen(lm_screen, tp_build)
             self._init_long_lib(long_lib)
 
@@ -242,7 +244,7 @@ class Monokernel:
 
     def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp,
               attn_cluster, n_splits, kv_stage_cap=None, side=None, qkv_parts=None, kv_apart=None,
-              mlp_pairs=None) -> None:
+              mlp_pairs=None, mlp_weights=(1.0, 1.0)) -> None:
         self.lib = lib = load_library(tp_build, attn_cluster > 0, head_dim=model.cfg.head_dim)
         self.model, self.cfg = model, model.cfg
         dev = model.device
@@ -285,11 +287,11 @@ class Monokernel:
                 mlp_pairs = mlp_pairs_default(self.dims, attn_cluster, fused_mlp)
             sched = build_schedule(self.dims, self.n_sm, n_splits, fused_mlp=fused_mlp, cluster=attn_cluster,
                                    cluster_ctas=self.n_main if attn_cluster else None, qkv_parts=qkv_parts,
-                                   kv_apart=kv_apart, mlp_pairs=mlp_pairs)
+                                   kv_apart=kv_apart, mlp_pairs=mlp_pairs, mlp_weights=mlp_weights)
             if self.n_side:
                 self.sched_alone = build_schedule(self.dims, self.n_main, n_splits, fused_mlp=fused_mlp,
                                                   cluster=attn_cluster, qkv_parts=qkv_parts, kv_apart=kv_apart,
-                                                  mlp_pairs=mlp_pairs)
+                                                  mlp_pairs=mlp_pairs, mlp_weights=mlp_weights)
         self.sched: Schedule = sched
         self.fused_mlp = sched.fused_mlp
         # Attention staging after the working buffers (mk_attention.cuh): per position its K row (bf16, padded by

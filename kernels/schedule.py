@@ -68,6 +68,7 @@ class Schedule:
     qkv_parts: int = 0                # with cluster: parts per kv head of the ATTNQ layout (0: QKV + ATTN); see build
     kv_apart: bool = False            # with qkv_parts: k / v rows by QKV instructions outside the parts; see build
     mlp_pairs: bool = False           # with cluster and fused_mlp: paired MLP instructions (isa.AUX_PAIR); see build
+    mlp_weights: tuple[float, float] = (1.0, 1.0)   # with qkv_parts: MLP rows of free / side CTAs; see build
 
     @property
     def n_lm(self) -> int:
@@ -354,7 +355,7 @@ def attnq_order(dims: Dims, parts: int) -> list[int]:
 
 def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = False, cluster: int = 0,
           cluster_ctas: int | None = None, qkv_parts: int = 0, kv_apart: bool = False,
-          mlp_pairs: bool = False) -> Schedule:
+          mlp_pairs: bool = False, mlp_weights: tuple[float, float] = (1.0, 1.0)) -> Schedule:
     """cluster > 0: the kernel runs in thread-block clusters of that many CTAs and each kv head's attention has
     exactly `cluster` splits, split s on rank s of one cluster (the head's cluster rotates with the layer); every split
     merges its share of the head's outputs over distributed shared memory and signals ATTN_DONE
@@ -374,7 +375,11 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
     theirs.
     mlp_pairs (with cluster and fused_mlp): in every layer where cluster CTAs 2k and 2k + 1 (ranks of one cluster)
     each have exactly one MLP instruction of at most isa.MLP_PAIR_ROWS rows, the two are paired (mlp_pair_aux):
-    each sends its h rows to the other and adds half of the d outputs over both slices."""
+    each sends its h rows to the other and adds half of the d outputs over both slices.
+    mlp_weights = (free, side) (with qkv_parts and the fused MLP, one MLP instruction per CTA): a layer's MLP rows in
+    proportion to 1 on the CTAs of its ATTNQ parts, `free` on its cluster CTAs without a part and `side` on the side
+    launch's (mlp_row_split), instead of equal shares: the CTAs that run no attention reach the MLP with their early
+    loads landed, and the unpaired side CTAs add every output where a pair's add half (bench/NOTES.md, session 33)."""
     if cluster:
         if cluster not in (2, 4, 8, 16):
             raise ValueError(f"cluster {cluster}: 2, 4, 8 or 16 CTAs")
@@ -398,6 +403,10 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
         raise ValueError("mlp_pairs needs a cluster launch and the fused MLP")
     if mlp_pairs and dims.d % 16:
         raise ValueError("mlp_pairs: hidden size must be a multiple of 16 (two halves of 16-byte Wd^T chunks)")
+    if tuple(mlp_weights) != (1.0, 1.0) and not (qkv_parts and fused_mlp):
+        raise ValueError("mlp_weights need the ATTNQ layout (qkv_parts) and the fused MLP")
+    if min(mlp_weights) <= 0:
+        raise ValueError(f"mlp_weights {mlp_weights}: positive")
     if dims.d % 8 or dims.ffn % 8 or dims.q_dim % 8:
         raise ValueError("hidden, ffn and q dims must be multiples of 8 (16-byte weight loads)")
     if dims.n_heads % dims.n_kv:
@@ -440,11 +449,15 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
         counts["ATTN"] = dims.n_kv * qkv_parts * cluster
         if not _red_fits(rows["ATTNQ"], dims.d, 1):
             raise ValueError(f"qkv_parts {qkv_parts}: {rows['ATTNQ']} rows per rank do not fit the partial sums")
+    if tuple(mlp_weights) != (1.0, 1.0):   # one MLP instruction per CTA, its share of the rows (mlp_row_split)
+        if dims.ffn < 2 * n_sm:
+            raise ValueError(f"mlp_weights: {dims.ffn} MLP rows for {n_sm} CTAs")
+        counts["MLP"] = n_sm
     L = dims.n_layers
     sched = Schedule(dims=dims, n_sm=n_sm, n_splits=n_splits, rows=rows, counts=counts,
                      per_sm=[[] for _ in range(n_sm)], n_counters=isa.n_counters(L, dims.n_kv), fused_mlp=fused_mlp,
                      cluster=cluster, cluster_ctas=cluster_ctas if cluster else 0, qkv_parts=qkv_parts,
-                     kv_apart=kv_apart, mlp_pairs=mlp_pairs)
+                     kv_apart=kv_apart, mlp_pairs=mlp_pairs, mlp_weights=tuple(mlp_weights))
     # the stage whose counter the residual's consumers (next QKV, LMHEAD) wait for, and its producers per step
     last, last_ctr = ("MLP", isa.CTR_GATEUP) if fused_mlp else ("DOWN", isa.CTR_DOWN)
     cursor = 0
@@ -476,6 +489,7 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
 
     ci = isa.counter_index
     tok = isa.token_counter(L)
+    mlp_rows_max = rows["MLP"] if "MLP" in rows else 0   # with mlp_weights: the longest share (smem_bytes)
     for layer in range(L):
         if layer == 0:
             w_ctr, w_n = tok, 1
@@ -503,8 +517,17 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
                                                   ci(layer, isa.CTR_QKV), 0))
             cursor += counts["ATTN"]
             emit(matvec("OPROJ", layer, ci(layer, isa.CTR_ATTN_DONE), counts["ATTN"], ci(layer, isa.CTR_OPROJ)))
-            emit(matvec("MLP" if fused_mlp else "GATEUP", layer, ci(layer, isa.CTR_OPROJ), counts["OPROJ"],
-                        ci(layer, isa.CTR_GATEUP)))
+            if tuple(mlp_weights) != (1.0, 1.0):   # CTA (cursor + i) % n_sm gets instruction i
+                cls = [mlp_weights[1] if c >= cluster_ctas else 1.0 if c // cluster in used else mlp_weights[0]
+                       for c in ((cursor + i) % n_sm for i in range(n_sm))]
+                b = mlp_row_split(dims.ffn, cls)
+                mlp = [(isa.OPS["MLP"], layer, b[i], b[i + 1] - b[i], ci(layer, isa.CTR_OPROJ), counts["OPROJ"],
+                        ci(layer, isa.CTR_GATEUP), 0) for i in range(n_sm)]
+                mlp_rows_max = max(mlp_rows_max, max(ins[3] for ins in mlp))
+            else:
+                mlp = matvec("MLP" if fused_mlp else "GATEUP", layer, ci(layer, isa.CTR_OPROJ), counts["OPROJ"],
+                             ci(layer, isa.CTR_GATEUP))
+            emit(mlp)
             if not fused_mlp:
                 emit(matvec("DOWN", layer, ci(layer, isa.CTR_GATEUP), counts["GATEUP"], ci(layer, isa.CTR_DOWN)))
             continue
@@ -532,10 +555,26 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
         emit(matvec("DOWN", layer, ci(layer, isa.CTR_GATEUP), counts["GATEUP"], ci(layer, isa.CTR_DOWN)))
     if mlp_pairs:
         _pair_mlp(sched)
+    if mlp_rows_max:
+        sched.rows = dict(rows, MLP=max(rows["MLP"], mlp_rows_max))
+        if not _red_fits(sched.rows["MLP"], dims.d, 2):
+            raise ValueError(f"mlp_weights: {sched.rows['MLP']} MLP rows in one instruction: too many for the partial "
+                             f"sums")
     emit(matvec("LMHEAD", 0, ci(L - 1, last_ctr), counts[last], isa.lm_counter(L)))
     # The sampler bumps TOKEN once the next token's embedding is in x.
     sched.per_sm[0].append((isa.OPS["SAMPLE"], 0, 0, 0, isa.lm_counter(L), counts["LMHEAD"], tok, 0))
     return sched
+
+
+def mlp_row_split(m: int, weights: list[float]) -> list[int]:
+    """Bounds of m rows split in proportion to weights, one share per weight in order: b[0] = 0, b[-1] = m, each bound
+    rounded to an even row (a share of two rows per warp batch); every share gets at least two rows."""
+    total, acc, out = sum(weights), 0.0, [0]
+    for i, w in enumerate(weights[:-1]):
+        acc += w
+        b = 2 * round(m * acc / total / 2)
+        out.append(min(max(b, out[-1] + 2), (m - 2 * (len(weights) - 1 - i)) & ~1))
+    return out + [m]
 
 
 def mlp_pair_aux(r0: int, n: int) -> int:

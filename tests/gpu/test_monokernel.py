@@ -357,7 +357,8 @@ def test_paired_mlp_matches_reference_and_the_unpaired_launch(name):
     """Monokernel(mlp_pairs=True), the engine's default: its cluster launch with paired MLP instructions (cluster
     ranks 2k and 2k + 1 exchange their h rows over distributed shared memory and each adds half of the outputs).
     Teacher-forced logits match the fp32 reference and the unpaired launch to rounding, and each repeats to the bit,
-    also run alone (without the side launch, on the main launch's own pairs)."""
+    also run alone (without the side launch, on the main launch's own pairs), and with the MLP rows weighted by CTA
+    class (mlp_weights: more on the cluster CTAs without a part, fewer on the side launch's)."""
     from kernels import isa
     from kernels.runtime import Monokernel
     from kernels.schedule import mlp_partner
@@ -367,8 +368,12 @@ def test_paired_mlp_matches_reference_and_the_unpaired_launch(name):
     ref = torch.stack([s.m32.forward(s.k32, s.v32, 0, s.ids[PROMPT + j:PROMPT + j + 1].cuda(), PROMPT + j)
                        for j in range(steps)])
     outs = {}
-    for pairs, alone in ((False, False), (True, False), (True, True)):
-        mk = Monokernel(s.m16, s.k16, s.v16, max_steps=steps + 8, attn_cluster=16, side=True, mlp_pairs=pairs)
+    weights = (1.15, 0.85)
+    for pairs, alone, w in ((False, False, None), (True, False, None), (True, True, None), (True, False, weights)):
+        mk = Monokernel(s.m16, s.k16, s.v16, max_steps=steps + 8, attn_cluster=16, side=True, mlp_pairs=pairs,
+                        mlp_weights=w or (1.0, 1.0))
+        if w:
+            assert mk.sched.mlp_weights == w and mk.sched.counts["MLP"] == mk.n_sm
         n_paired = sum(1 for lst in mk.sched.per_sm for ins in lst if ins[0] == isa.OPS["MLP"] and mlp_partner(ins[7]))
         assert (n_paired > 0) == pairs
         if alone:
@@ -380,14 +385,15 @@ def test_paired_mlp_matches_reference_and_the_unpaired_launch(name):
             mk.run(0, forced[0], PROMPT, steps, forced=forced, logits_out=out)
             runs.append(out)
         assert mk.ran_alone() == alone
-        assert torch.equal(runs[0], runs[1]), f"pairs {pairs} alone {alone}: a rerun changed a bit"
-        outs[(pairs, alone)] = runs[0]
+        assert torch.equal(runs[0], runs[1]), f"pairs {pairs} alone {alone} weights {w}: a rerun changed a bit"
+        outs[(pairs, alone, w)] = runs[0]
         del mk
-    base = outs[(False, False)]
+    base = outs[(False, False, None)]
     for key, out in outs.items():
         err = max(rel(out[j], ref[j]) for j in range(steps))
         between = max(rel(out[j], base[j]) for j in range(steps))
-        print(f"\n{name}: mlp_pairs {key[0]}{' alone' if key[1] else ''}: teacher-forced rel L2 max {err:.2e}, "
+        print(f"\n{name}: mlp_pairs {key[0]}{' alone' if key[1] else ''}{f' weights {key[2]}' if key[2] else ''}: "
+              f"teacher-forced rel L2 max {err:.2e}, "
               f"vs unpaired {between:.2e}")
         assert err <= 1e-2 and between <= 2e-3
 

@@ -333,3 +333,42 @@ def test_longest_split_chunks_counts_the_kernels_longest_split(n, n_splits, min_
     s = schedule.attn_splits_in_use(n, n_splits, min_pos, min_splits, stage_pos)
     longest = max((i + 1) * n // s - i * n // s for i in range(s))
     assert schedule.longest_split_chunks(n, n_splits, min_pos, min_splits, stage_pos) == -(-longest // stage_pos)
+
+
+@given(m=st.integers(4, 20_000), weights=st.lists(st.floats(0.25, 4.0), min_size=2, max_size=140))
+def test_mlp_row_split_covers_the_rows_in_proportion(m, weights):
+    """mlp_row_split: bounds from 0 to m, even inside, every share at least two rows, and where every share's
+    proportion is at least four rows each bound within one row of its proportion (the even rounding)."""
+    if m < 2 * len(weights):
+        return
+    b = schedule.mlp_row_split(m, weights)
+    assert b[0] == 0 and b[-1] == m and len(b) == len(weights) + 1
+    assert all(x % 2 == 0 for x in b[1:-1])
+    assert all(hi - lo >= 2 for lo, hi in zip(b, b[1:]))
+    total = sum(weights)
+    if m * min(weights) / total >= 4:
+        acc = 0.0
+        for i, w in enumerate(weights[:-1]):
+            acc += w
+            assert abs(b[i + 1] - m * acc / total) <= 1 + 1e-6
+
+
+def test_mlp_weights_need_the_attnq_layout_and_two_rows_per_cta():
+    """build refuses mlp_weights without ATTNQ parts or the fused MLP, with non-positive weights or fewer than two MLP
+    rows per CTA; with them every CTA has one MLP instruction (the side launch's schedule and the main launch's own)."""
+    dims = schedule.Dims.of(preset("qwen2.5-coder-0.5b"))
+    kw = dict(n_sm=132, fused_mlp=True, cluster=16, cluster_ctas=112, qkv_parts=3, kv_apart=True)
+    with pytest.raises(ValueError, match="ATTNQ layout"):
+        schedule.build(dims, n_sm=132, fused_mlp=True, cluster=16, cluster_ctas=112, mlp_weights=(1.1, 0.9))
+    with pytest.raises(ValueError, match="positive"):
+        schedule.build(dims, **kw, mlp_weights=(1.0, 0.0))
+    with pytest.raises(ValueError, match="MLP rows for 132 CTAs"):
+        schedule.build(dataclasses.replace(dims, ffn=256), **kw, mlp_weights=(1.1, 0.9))
+    s = schedule.build(dims, **kw, mlp_weights=(1.1, 0.9))
+    schedule.check(s)
+    assert s.rows["MLP"] > schedule.build(dims, **kw).rows["MLP"] and s.counts["MLP"] == 132
+    # the main launch's own schedule (no side CTAs, 112 of them: 4,864 rows are 111 default instructions) takes them too
+    alone = schedule.build(dims, n_sm=112, fused_mlp=True, cluster=16, qkv_parts=3, kv_apart=True, mlp_pairs=True,
+                           mlp_weights=(1.1, 0.9))
+    schedule.check(alone)
+    assert alone.counts["MLP"] == 112

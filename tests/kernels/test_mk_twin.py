@@ -183,6 +183,34 @@ def test_paired_mlp_schedule_logits_equal_reference(group, hd, parts, n_sm, cs, 
         _assert_logits_match(res, ref)
 
 
+@pytest.mark.parametrize("weights", [(1.25, 0.75), (0.8, 1.3)])
+def test_weighted_mlp_rows_logits_equal_reference(weights):
+    """schedule.build(mlp_weights=(free, side)): a layer's MLP rows in proportion to 1 on its parts' CTAs, `free` on
+    the cluster CTAs without a part and `side` on the side launch's (paired as before). Every row once (check), the
+    shares as asked, and teacher-forced logits equal the reference under two execution orders."""
+    cfg = tiny_cfg(n_heads=14, n_kv_heads=2, head_dim=32, hidden_size=96, intermediate_size=480)   # 8 rows x 60
+    model = tiny_model(cfg, seed=11)
+    n_sm, cs, cl_ctas = 60, 8, 48
+    prompt, forced, k_tw, v_tw, k_ref, v_ref, ref = _teacher_forced(model, cfg, n_sm)
+    sched = schedule.build(schedule.Dims.of(cfg), n_sm=n_sm, fused_mlp=True, cluster=cs, cluster_ctas=cl_ctas,
+                           qkv_parts=2, kv_apart=True, mlp_pairs=True, mlp_weights=weights)
+    schedule.check(sched)
+    for layer in range(cfg.n_layers):
+        parts = {sm // cs for sm, lst in enumerate(sched.per_sm) for i in lst
+                 if i[0] == isa.OPS["ATTNQ"] and i[1] == layer}
+        rows = {sm: i[3] for sm, lst in enumerate(sched.per_sm) for i in lst
+                if i[0] == isa.OPS["MLP"] and i[1] == layer}
+        assert len(rows) == n_sm and sum(rows.values()) == cfg.intermediate_size
+        cls = {c: "side" if c >= cl_ctas else "part" if c // cs in parts else "free" for c in rows}
+        mean = {k: sum(r for c, r in rows.items() if cls[c] == k) / list(cls.values()).count(k)
+                for k in ("part", "free", "side")}
+        assert abs(mean["free"] / mean["part"] - weights[0]) < 0.05
+        assert abs(mean["side"] / mean["part"] - weights[1]) < 0.05
+    assert any(schedule.mlp_partner(i[7]) for lst in sched.per_sm for i in lst if i[0] == isa.OPS["MLP"])
+    for res, _ in _two_orders(model, sched, prompt, forced, k_ref, v_ref):
+        _assert_logits_match(res, ref)
+
+
 def test_paired_mlp_without_its_partner_deadlocks_and_bad_pairs_are_refused():
     """A paired MLP whose partner runs its MLP unpaired waits for h rows that never come: the twin reports a deadlock
     and check refuses the schedule, as it does an aux naming other rows than the partner's. build refuses mlp_pairs
