@@ -352,6 +352,18 @@ def test_attention_clusters_match_the_default_launch(name, cs):
     assert torch.equal(outs[0], outs[1])
 
 
+def forced_twice(mk, s, forced: list[int]) -> list[torch.Tensor]:
+    """The logits of two teacher-forced launches of `forced` from PROMPT on mk, the shape's cache restored before
+    each (rows the launch did not write stay NaN)."""
+    runs = []
+    for _ in range(2):
+        s.restore()
+        out = torch.full((len(forced), s.cfg.vocab_size), float("nan"), device="cuda")
+        mk.run(0, forced[0], PROMPT, len(forced), forced=forced, logits_out=out)
+        runs.append(out)
+    return runs
+
+
 @pytest.mark.parametrize("name", [SHAPES[0], SHAPES[2]])
 def test_paired_mlp_matches_reference_and_the_unpaired_launch(name):
     """Monokernel(mlp_pairs=True), the engine's default: its cluster launch with paired MLP instructions (cluster
@@ -378,12 +390,7 @@ def test_paired_mlp_matches_reference_and_the_unpaired_launch(name):
         assert (n_paired > 0) == pairs
         if alone:
             mk.side_wait_ns = 0
-        runs = []
-        for _ in range(2):
-            s.restore()
-            out = torch.full((steps, s.cfg.vocab_size), float("nan"), device="cuda")
-            mk.run(0, forced[0], PROMPT, steps, forced=forced, logits_out=out)
-            runs.append(out)
+        runs = forced_twice(mk, s, forced)
         assert mk.ran_alone() == alone
         assert torch.equal(runs[0], runs[1]), f"pairs {pairs} alone {alone} weights {w}: a rerun changed a bit"
         outs[(pairs, alone, w)] = runs[0]
@@ -425,12 +432,7 @@ def test_qkv_inside_the_clusters_matches_qkv_and_attn(name):
         assert mk.sched.qkv_parts == want and mk.sched.kv_apart == kv_apart
         if alone:
             mk.side_wait_ns = 0
-        runs = []
-        for _ in range(2):
-            s.restore()
-            out = torch.full((steps, s.cfg.vocab_size), float("nan"), device="cuda")
-            mk.run(0, forced[0], PROMPT, steps, forced=forced, logits_out=out)
-            runs.append(out)
+        runs = forced_twice(mk, s, forced)
         assert mk.ran_alone() == alone
         key = (f"qkv_parts {want}{' kv_apart' if kv_apart else ''}{' alone' if alone else ''}"
                f"{f' {stage} positions per chunk' if stage else ''}")
