@@ -403,7 +403,9 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
         raise ValueError("mlp_pairs needs a cluster launch and the fused MLP")
     if mlp_pairs and dims.d % 16:
         raise ValueError("mlp_pairs: hidden size must be a multiple of 16 (two halves of 16-byte Wd^T chunks)")
-    if tuple(mlp_weights) != (1.0, 1.0) and not (qkv_parts and fused_mlp):
+    mlp_weights = tuple(mlp_weights)
+    weighted = mlp_weights != (1.0, 1.0)
+    if weighted and not (qkv_parts and fused_mlp):
         raise ValueError("mlp_weights need the ATTNQ layout (qkv_parts) and the fused MLP")
     if min(mlp_weights) <= 0:
         raise ValueError(f"mlp_weights {mlp_weights}: positive")
@@ -449,7 +451,7 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
         counts["ATTN"] = dims.n_kv * qkv_parts * cluster
         if not _red_fits(rows["ATTNQ"], dims.d, 1):
             raise ValueError(f"qkv_parts {qkv_parts}: {rows['ATTNQ']} rows per rank do not fit the partial sums")
-    if tuple(mlp_weights) != (1.0, 1.0):   # one MLP instruction per CTA, its share of the rows (mlp_row_split)
+    if weighted:   # one MLP instruction per CTA, its share of the rows (mlp_row_split)
         if dims.ffn < 2 * n_sm:
             raise ValueError(f"mlp_weights: {dims.ffn} MLP rows for {n_sm} CTAs")
         counts["MLP"] = n_sm
@@ -457,7 +459,7 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
     sched = Schedule(dims=dims, n_sm=n_sm, n_splits=n_splits, rows=rows, counts=counts,
                      per_sm=[[] for _ in range(n_sm)], n_counters=isa.n_counters(L, dims.n_kv), fused_mlp=fused_mlp,
                      cluster=cluster, cluster_ctas=cluster_ctas if cluster else 0, qkv_parts=qkv_parts,
-                     kv_apart=kv_apart, mlp_pairs=mlp_pairs, mlp_weights=tuple(mlp_weights))
+                     kv_apart=kv_apart, mlp_pairs=mlp_pairs, mlp_weights=mlp_weights)
     # the stage whose counter the residual's consumers (next QKV, LMHEAD) wait for, and its producers per step
     last, last_ctr = ("MLP", isa.CTR_GATEUP) if fused_mlp else ("DOWN", isa.CTR_DOWN)
     cursor = 0
@@ -489,7 +491,6 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
 
     ci = isa.counter_index
     tok = isa.token_counter(L)
-    mlp_rows_max = rows["MLP"] if "MLP" in rows else 0   # with mlp_weights: the longest share (smem_bytes)
     for layer in range(L):
         if layer == 0:
             w_ctr, w_n = tok, 1
@@ -517,13 +518,12 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
                                                   ci(layer, isa.CTR_QKV), 0))
             cursor += counts["ATTN"]
             emit(matvec("OPROJ", layer, ci(layer, isa.CTR_ATTN_DONE), counts["ATTN"], ci(layer, isa.CTR_OPROJ)))
-            if tuple(mlp_weights) != (1.0, 1.0):   # CTA (cursor + i) % n_sm gets instruction i
+            if weighted:   # CTA (cursor + i) % n_sm gets instruction i
                 cls = [mlp_weights[1] if c >= cluster_ctas else 1.0 if c // cluster in used else mlp_weights[0]
                        for c in ((cursor + i) % n_sm for i in range(n_sm))]
                 b = mlp_row_split(dims.ffn, cls)
                 mlp = [(isa.OPS["MLP"], layer, b[i], b[i + 1] - b[i], ci(layer, isa.CTR_OPROJ), counts["OPROJ"],
                         ci(layer, isa.CTR_GATEUP), 0) for i in range(n_sm)]
-                mlp_rows_max = max(mlp_rows_max, max(ins[3] for ins in mlp))
             else:
                 mlp = matvec("MLP" if fused_mlp else "GATEUP", layer, ci(layer, isa.CTR_OPROJ), counts["OPROJ"],
                              ci(layer, isa.CTR_GATEUP))
@@ -555,8 +555,9 @@ def build(dims: Dims, n_sm: int, n_splits: int | None = None, fused_mlp: bool = 
         emit(matvec("DOWN", layer, ci(layer, isa.CTR_GATEUP), counts["GATEUP"], ci(layer, isa.CTR_DOWN)))
     if mlp_pairs:
         _pair_mlp(sched)
-    if mlp_rows_max:
-        sched.rows = dict(rows, MLP=max(rows["MLP"], mlp_rows_max))
+    if weighted:   # the longest share sizes the working region (smem_bytes)
+        sched.rows = dict(rows, MLP=max([rows["MLP"]] + [ins[3] for lst in sched.per_sm for ins in lst
+                                                        if ins[0] == isa.OPS["MLP"]]))
         if not _red_fits(sched.rows["MLP"], dims.d, 2):
             raise ValueError(f"mlp_weights: {sched.rows['MLP']} MLP rows in one instruction: too many for the partial "
                              f"sums")
