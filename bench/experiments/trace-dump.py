@@ -2,8 +2,7 @@
 at ctx 512, with each model's instruction lists, as one JSON file: who is late in which stage, and what ran before it
 on its SM (bench/NOTES.md, session 16). Same model, KV and backend as bench/decode.py.
 usage: OUT=<dir> python3 bench/experiments/trace-dump.py qwen2.5-coder-0.5b[,qwen2.5-coder-1.5b,...]
-       -> $OUT/trace_dump.json: {shape: {n_sm, n_main, cluster, n_splits, off, ins, ops, recs: {step: [record, ...]}}}
-       (n_main: the clustered launch's CTAs, the rest the side launch's; bench/experiments/mlp-end-by-class.py reads it)"""
+       -> $OUT/trace_dump.json: {shape: {n_sm, cluster, n_splits, off, ins, ops, recs: {step: [record, ...]}}}"""
 import json
 import os
 import sys
@@ -22,8 +21,8 @@ for name in sys.argv[1].split(","):
     mk = be.mk
     recs = trace_steps(mk, (60, 100, 140))
     off, ins = mk.sched.flat()
-    out[name] = dict(n_sm=mk.n_sm, n_main=mk.n_main, cluster=mk.attn_cluster, n_splits=mk.sched.n_splits,
-                     off=off.tolist(), ins=ins.tolist(), ops=isa.OPS, recs=recs)
+    out[name] = dict(n_sm=mk.n_sm, cluster=mk.attn_cluster, n_splits=mk.sched.n_splits, off=off.tolist(),
+                     ins=ins.tolist(), ops=isa.OPS, recs=recs)
     print(name, mk.n_sm, "CTAs,", len(recs[100]), "instructions per step", flush=True)
     del be, mk, model, cache
     torch.cuda.empty_cache()
