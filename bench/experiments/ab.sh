@@ -36,8 +36,5 @@ if [ "${TESTS:-}" != none ]; then
     ${TESTS:-} > "$OUT/tests_$P.log" 2>&1); echo "tests rc $?"; tail -2 "$OUT/tests_$P.log"
 fi
 echo "variant shape ctx mean-us/token (alt: $ALT; alt2: $ALT2)"
-for f in "$OUT"/*_[0-9].log; do
-  b=$(basename "$f" .log); t=${b%_*}; t=${t##*_}; s=${b%%_*}
-  grep "us/token" "$f" | awk -v t="$t" -v s="$s" '{for (i = 1; i < NF; i++) if ($i == "ctx") print t, s, $(i + 1), $(i + 2)}'
-done | awk '{k = $1 " " $2 " " $3; n[k]++; v[k] += $4} END {for (k in n) printf "%s %.1f\n", k, v[k] / n[k]}' | sort -k2,2 -k3,3n -k1,1
+bash "$ROOT"/bench/experiments/mean-table.sh "$OUT"
 rm -rf "$B"

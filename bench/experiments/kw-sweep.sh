@@ -22,7 +22,4 @@ for s in ${1//,/ }; do
 done
 echo "configurations:"; for i in "${!CONFS[@]}"; do echo "  c$i: ${CONFS[$i]}"; done
 echo "configuration shape ctx mean-us/token"
-for f in "$OUT"/*_c[0-9]*_[12].log; do
-  b=$(basename "$f" .log); t=${b%_*}; t=${t##*_}; s=${b%%_*}
-  grep "us/token" "$f" | awk -v t="$t" -v s="$s" '{for (i = 1; i < NF; i++) if ($i == "ctx") print t, s, $(i + 1), $(i + 2)}'
-done | awk '{k = $1 " " $2 " " $3; n[k]++; v[k] += $4} END {for (k in n) printf "%s %.1f\n", k, v[k] / n[k]}' | sort -k2,2 -k3,3n -k1,1
+bash bench/experiments/mean-table.sh "$OUT"
