@@ -400,8 +400,7 @@ def test_paired_mlp_matches_reference_and_the_unpaired_launch(name):
         err = max(rel(out[j], ref[j]) for j in range(steps))
         between = max(rel(out[j], base[j]) for j in range(steps))
         print(f"\n{name}: mlp_pairs {key[0]}{' alone' if key[1] else ''}{f' weights {key[2]}' if key[2] else ''}: "
-              f"teacher-forced rel L2 max {err:.2e}, "
-              f"vs unpaired {between:.2e}")
+              f"teacher-forced rel L2 max {err:.2e}, vs unpaired {between:.2e}")
         assert err <= 1e-2 and between <= 2e-3
 
 
