@@ -17,7 +17,8 @@ import torch
 from . import isa
 from .build import build
 from .schedule import (L1_KEEP_MIN_POS, Dims, Schedule, attn_split_defaults, attnq_order, build as build_schedule,
-                       longest_split_chunks, mlp_pairs_default, qkv_parts_default, sampler_fits, smem_layout)
+                       longest_split_chunks, mlp_pairs_default, mlp_weights_default, qkv_parts_default, sampler_fits,
+                       smem_layout)
 
 log = logging.getLogger("kernels")
 
@@ -132,7 +133,7 @@ class Monokernel:
                  n_splits: int | None = None, kv_stage_cap: int | None = None, side: bool | None = None,
                  qkv_parts: int | None = None, kv_apart: bool | None = None,
                  lm_screen: bool | None = None, mlp_pairs: bool | None = None, long_lib: bool | None = None,
-                 mlp_weights: tuple[float, float] = (1.0, 1.0)):
+                 mlp_weights: tuple[float, float] | None = None):
         """sched: a prebuilt schedule for this model's shape and n_sm (tensor parallelism passes one whose
         exchanged waits count every rank's producers, and tp_build: the library variant with the exchange:
         kernels/tp_runtime.py). fused_mlp: the MLP schedule (schedule.build(fused_mlp=True); default: on for the
@@ -158,7 +159,8 @@ class Monokernel:
         mlp_pairs (with attn_cluster and the fused MLP): paired MLP instructions (schedule.build(mlp_pairs=True)):
         cluster ranks 2k and 2k + 1 exchange their h rows and each adds half of the outputs (76 adds per output
         instead of 132 on an H200); default: schedule.mlp_pairs_default. mlp_weights (with qkv_parts): the MLP rows of
-        the CTAs without a part and of the side launch's, against 1 for the parts' (schedule.build mlp_weights).
+        the CTAs without a part and of the side launch's, against 1 for the parts' (schedule.build mlp_weights);
+        default: schedule.mlp_weights_default (the side launch's schedule and the main launch's own each get theirs).
         lm_screen (default: on where it can run): the screened LM head (kernels/lm_screen.py) for launches that
         need no logits output and no top-p; it keeps an int8 copy of the LM head (vocab x d bytes). lm_mode says
         which head the last launch ran and why.
@@ -244,7 +246,7 @@ class Monokernel:
 
     def _init(self, model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp,
               attn_cluster, n_splits, kv_stage_cap=None, side=None, qkv_parts=None, kv_apart=None,
-              mlp_pairs=None, mlp_weights=(1.0, 1.0)) -> None:
+              mlp_pairs=None, mlp_weights=None) -> None:
         self.lib = lib = load_library(tp_build, attn_cluster > 0, head_dim=model.cfg.head_dim)
         self.model, self.cfg = model, model.cfg
         dev = model.device
@@ -285,13 +287,18 @@ class Monokernel:
                 qkv_parts = qkv_parts_default(self.dims, attn_cluster, n_cl, kv_apart) if attn_cluster else 0
             if mlp_pairs is None:
                 mlp_pairs = mlp_pairs_default(self.dims, attn_cluster, fused_mlp)
+
+            def weights(n: int) -> tuple[float, float]:
+                if mlp_weights is not None:
+                    return mlp_weights
+                return mlp_weights_default(self.dims, n, self.n_main, attn_cluster, qkv_parts, kv_apart, fused_mlp)
             sched = build_schedule(self.dims, self.n_sm, n_splits, fused_mlp=fused_mlp, cluster=attn_cluster,
                                    cluster_ctas=self.n_main if attn_cluster else None, qkv_parts=qkv_parts,
-                                   kv_apart=kv_apart, mlp_pairs=mlp_pairs, mlp_weights=mlp_weights)
+                                   kv_apart=kv_apart, mlp_pairs=mlp_pairs, mlp_weights=weights(self.n_sm))
             if self.n_side:
                 self.sched_alone = build_schedule(self.dims, self.n_main, n_splits, fused_mlp=fused_mlp,
                                                   cluster=attn_cluster, qkv_parts=qkv_parts, kv_apart=kv_apart,
-                                                  mlp_pairs=mlp_pairs, mlp_weights=mlp_weights)
+                                                  mlp_pairs=mlp_pairs, mlp_weights=weights(self.n_main))
         self.sched: Schedule = sched
         self.fused_mlp = sched.fused_mlp
         # Attention staging after the working buffers (mk_attention.cuh): per position its K row (bf16, padded by

@@ -317,6 +317,26 @@ def mlp_pairs_default(dims: Dims, cluster: int, fused_mlp: bool) -> bool:
     return bool(cluster) and fused_mlp and dims.d % 16 == 0
 
 
+# MLP rows of the CTAs without a part and of the side launch's against 1 on the parts' (build's mlp_weights), where
+# mlp_weights_default takes them. Swept with bench/experiments/kw-sweep.sh (bench/NOTES.md, session 34): 1.5B 1,077 ->
+# 1,066 us/token at ctx 512 (-6.7 at 2,048), 0.5B within noise; (1.0, 0.86) -7, (1.0, 0.6) -4.
+MLP_WEIGHTS = (0.9, 0.8)
+
+
+def mlp_weights_default(dims: Dims, n_sm: int, cluster_ctas: int, cluster: int, qkv_parts: int, kv_apart: bool,
+                        fused_mlp: bool) -> tuple[float, float]:
+    """The mlp_weights a launch starts with (runtime.Monokernel mlp_weights=None): MLP_WEIGHTS in the ATTNQ layout
+    with its k / v rows apart and the fused MLP (the free and side CTAs run those rows and start them sooner with
+    fewer MLP rows), where build takes them: two rows or more per CTA and the longest share (at most one row pair
+    past its exact proportion) in the partial-sum buffer; else (1.0, 1.0)."""
+    if not (qkv_parts and kv_apart and fused_mlp) or dims.ffn < 2 * n_sm:
+        return (1.0, 1.0)
+    n_parts = dims.n_kv * qkv_parts * cluster
+    total = n_parts + MLP_WEIGHTS[0] * (cluster_ctas - n_parts) + MLP_WEIGHTS[1] * (n_sm - cluster_ctas)
+    longest = math.floor(dims.ffn / total) + 2
+    return MLP_WEIGHTS if _red_fits(longest, dims.d, 2) else (1.0, 1.0)
+
+
 def qkv_parts_default(dims: Dims, cluster: int, n_clusters: int, kv_apart: bool = False) -> int:
     """The ATTNQ layout's parts per kv head a cluster launch starts with (runtime.Monokernel qkv_parts=None): the
     most that the clusters hold (a cluster per part) whose rows per rank all fit one early-load batch of the matvec

@@ -127,6 +127,7 @@ class MonokernelBackend(Backend):
         self.stats["qkv_parts"] = self.mk.sched.qkv_parts   # QKV inside the clusters (0: its own stage)
         self.stats["kv_apart"] = self.mk.sched.kv_apart     # their k / v rows on the CTAs without attention
         self.stats["mlp_pairs"] = self.mk.sched.mlp_pairs   # cluster ranks 2k / 2k + 1 share the MLP's adds
+        self.stats["mlp_weights"] = list(self.mk.sched.mlp_weights)   # MLP rows of free / side CTAs (1: the parts')
         # the long-context library (launches with more than one staged K / V chunk per split): "on" or why not
         self.stats["long_lib"] = "on" if self.mk.lib_long is not None else f"off ({self.mk.long_lib_off})"
         # K / V positions staged per chunk, and whether that staging left the L1 its share (kernels/runtime.py
@@ -163,12 +164,14 @@ class MonokernelBackend(Backend):
 
     def describe(self) -> str:
         s = self.mk.sched
+        free, side = s.mlp_weights
+        weights = f", MLP rows {free:g} / {side:g} on the free / side CTAs" if (free, side) != (1.0, 1.0) else ""
         return (f"monokernel ({self.mk.n_sm} CTAs, {sum(map(len, s.per_sm))} instructions/step, "
                 f"{'fused MLP' if self.mk.fused_mlp else 'GATEUP + DOWN'}, "
                 f"{f'attention in clusters of {self.mk.attn_cluster}' if self.mk.attn_cluster else 'no clusters'}"
                 f"{f', QKV inside them in {s.qkv_parts} parts per kv head' if s.qkv_parts else ''}"
                 f"{' (k / v on the other CTAs)' if s.kv_apart else ''}"
-                f"{', MLP adds by cluster-rank pairs' if s.mlp_pairs else ''})")
+                f"{', MLP adds by cluster-rank pairs' if s.mlp_pairs else ''}{weights})")
 
     def prefill(self, slot, ids, start_pos, all_logits=False):
         out = self.prefill_graphs.prefill(slot, ids, start_pos, all_logits)

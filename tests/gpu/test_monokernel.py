@@ -249,6 +249,7 @@ def test_screened_lm_head_picks_the_exact_heads_tokens(name):
 def test_engine_end_to_end(tmp_path):
     from engine import Engine
     from engine.testing import make_tiny_checkpoint
+    from kernels.schedule import MLP_WEIGHTS
     _cache.clear()
     d = make_tiny_checkpoint(tmp_path / "m", arch="qwen2", hidden_size=256, n_heads=4, n_kv_heads=2, head_dim=64,
                              intermediate_size=512, n_layers=2, init_std=0.2)
@@ -263,6 +264,10 @@ def test_engine_end_to_end(tmp_path):
     # and the MLP's adds by cluster-rank pairs (schedule.mlp_pairs_default)
     assert eng.stats()["backend_stats"]["mlp_pairs"] is True, eng.stats()
     assert "MLP adds by cluster-rank pairs" in eng.stats()["backend_detail"]
+    # and the MLP rows weighted by CTA class (schedule.mlp_weights_default: k / v rows apart)
+    free, side = MLP_WEIGHTS
+    assert eng.stats()["backend_stats"]["mlp_weights"] == [free, side], eng.stats()
+    assert f"MLP rows {free:g} / {side:g} on the free / side CTAs" in eng.stats()["backend_detail"]
     prompt = list(range(10, 40))
     res = eng.complete(prompt, max_new_tokens=40, stop_ids=frozenset())
     assert len(res.token_ids) == 40
@@ -370,22 +375,24 @@ def test_paired_mlp_matches_reference_and_the_unpaired_launch(name):
     ranks 2k and 2k + 1 exchange their h rows over distributed shared memory and each adds half of the outputs).
     Teacher-forced logits match the fp32 reference and the unpaired launch to rounding, and each repeats to the bit,
     also run alone (without the side launch, on the main launch's own pairs), and with the MLP rows weighted by CTA
-    class (mlp_weights: more on the cluster CTAs without a part, fewer on the side launch's)."""
+    class as the engine launches them (mlp_weights=None: schedule.mlp_weights_default, fewer rows on the CTAs without
+    a part and on the side launch's), and the other way round (more on the free cluster's)."""
     from kernels import isa
     from kernels.runtime import Monokernel
-    from kernels.schedule import mlp_partner
+    from kernels.schedule import MLP_WEIGHTS, mlp_partner
     s = setup_for(name)
     steps = 48
     forced = s.ids[PROMPT:PROMPT + steps].tolist()
     ref = torch.stack([s.m32.forward(s.k32, s.v32, 0, s.ids[PROMPT + j:PROMPT + j + 1].cuda(), PROMPT + j)
                        for j in range(steps)])
     outs = {}
-    weights = (1.15, 0.85)
-    for pairs, alone, w in ((False, False, None), (True, False, None), (True, True, None), (True, False, weights)):
+    even = (1.0, 1.0)
+    for pairs, alone, w in ((False, False, even), (True, False, even), (True, True, even), (True, False, None),
+                            (True, False, (1.15, 0.85))):
         mk = Monokernel(s.m16, s.k16, s.v16, max_steps=steps + 8, attn_cluster=16, side=True, mlp_pairs=pairs,
-                        mlp_weights=w or (1.0, 1.0))
-        if w:
-            assert mk.sched.mlp_weights == w and mk.sched.counts["MLP"] == mk.n_sm
+                        mlp_weights=w)
+        if w != even:
+            assert mk.sched.mlp_weights == (w or MLP_WEIGHTS) and mk.sched.counts["MLP"] == mk.n_sm
         n_paired = sum(1 for lst in mk.sched.per_sm for ins in lst if ins[0] == isa.OPS["MLP"] and mlp_partner(ins[7]))
         assert (n_paired > 0) == pairs
         if alone:
@@ -395,11 +402,11 @@ def test_paired_mlp_matches_reference_and_the_unpaired_launch(name):
         assert torch.equal(runs[0], runs[1]), f"pairs {pairs} alone {alone} weights {w}: a rerun changed a bit"
         outs[(pairs, alone, w)] = runs[0]
         del mk
-    base = outs[(False, False, None)]
+    base = outs[(False, False, even)]
     for key, out in outs.items():
         err = max(rel(out[j], ref[j]) for j in range(steps))
         between = max(rel(out[j], base[j]) for j in range(steps))
-        print(f"\n{name}: mlp_pairs {key[0]}{' alone' if key[1] else ''}{f' weights {key[2]}' if key[2] else ''}: "
+        print(f"\n{name}: mlp_pairs {key[0]}{' alone' if key[1] else ''} weights {key[2] or 'default'}: "
               f"teacher-forced rel L2 max {err:.2e}, vs unpaired {between:.2e}")
         assert err <= 1e-2 and between <= 2e-3
 

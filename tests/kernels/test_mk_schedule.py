@@ -372,3 +372,45 @@ def test_mlp_weights_need_the_attnq_layout_and_two_rows_per_cta():
                            mlp_weights=(1.1, 0.9))
     schedule.check(alone)
     assert alone.counts["MLP"] == 112
+
+
+@pytest.mark.parametrize("name", ["qwen2.5-coder-0.5b", "qwen2.5-coder-1.5b"])
+def test_mlp_weights_default_weighs_where_the_kv_rows_are_apart(name):
+    """Monokernel's mlp_weights default (schedule.mlp_weights_default): MLP_WEIGHTS for the engine's launch of these
+    shapes (ATTNQ parts, k / v rows apart, the fused MLP), the side launch's schedule and the main launch's own, which
+    build takes; (1.0, 1.0) without any of the three or with fewer than two MLP rows per CTA."""
+    dims = schedule.Dims.of(preset(name))
+    parts = schedule.qkv_parts_default(dims, 16, 7, kv_apart=True)
+    assert parts > 0
+    for n_sm in (132, 112):
+        w = schedule.mlp_weights_default(dims, n_sm, 112, 16, parts, True, True)
+        assert w == schedule.MLP_WEIGHTS
+        s = schedule.build(dims, n_sm=n_sm, fused_mlp=True, cluster=16, cluster_ctas=112, qkv_parts=parts,
+                           kv_apart=True, mlp_pairs=True, mlp_weights=w)
+        schedule.check(s)
+        assert s.mlp_weights == w and s.counts["MLP"] == n_sm
+    for args in ((parts, False, True), (0, False, True), (parts, True, False)):
+        assert schedule.mlp_weights_default(dims, 132, 112, 16, *args) == (1.0, 1.0)
+    assert schedule.mlp_weights_default(dataclasses.replace(dims, ffn=256), 132, 112, 16, parts, True,
+                                        True) == (1.0, 1.0)
+
+
+@given(d=st.integers(4, 128).map(lambda k: 64 * k), ffn=st.integers(33, 40_000).map(lambda k: 8 * k))
+def test_mlp_weights_default_only_where_build_takes_them(d, ffn):
+    """Wherever mlp_weights_default picks MLP_WEIGHTS (its bound on the longest share), build takes them; where the
+    bound says the longest share would not fit the partial sums, build refuses MLP_WEIGHTS or is within one row pair of
+    refusing (the bound's margin)."""
+    dims = dataclasses.replace(schedule.Dims.of(preset("qwen2.5-coder-0.5b")), d=d, ffn=ffn, n_layers=2)
+    kw = dict(n_sm=132, fused_mlp=True, cluster=16, cluster_ctas=112, qkv_parts=3, kv_apart=True, mlp_pairs=True)
+    schedule.build(dims, **kw)
+    w = schedule.mlp_weights_default(dims, 132, 112, 16, 3, True, True)
+    if w == schedule.MLP_WEIGHTS:
+        schedule.check(schedule.build(dims, **kw, mlp_weights=w))
+        return
+    assert w == (1.0, 1.0)
+    try:
+        s = schedule.build(dims, **kw, mlp_weights=schedule.MLP_WEIGHTS)
+    except ValueError as e:
+        assert "mlp_weights" in str(e)
+        return
+    assert not schedule._red_fits(s.rows["MLP"] + 2, d, 2)
