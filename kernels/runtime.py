@@ -216,7 +216,7 @@ class Monokernel:
         if not self.attn_cluster:
             why = "no cluster launch"
         elif want is False:
-            why = "off (long_lib=False)"
+            why = "long_lib=False"
         else:
             try:
                 lib = load_library(False, True, head_dim=self.cfg.head_dim, kv_overlap=True)
