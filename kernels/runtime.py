@@ -236,11 +236,15 @@ class Monokernel:
         elif self.attn_cluster:
             (log.warning if failed else log.info)("monokernel: one library for every context: %s", why)
 
+    def restages(self, pos0: int, n_steps: int) -> bool:
+        """Whether a launch of n_steps from position pos0 stages some attention split's K / V in more than one chunk
+        (at its last step, the longest split)."""
+        return longest_split_chunks(pos0 + n_steps, self.sched.n_splits, self.attn_min_pos, self.attn_min_splits,
+                                    self.kv_stage_pos) > 1
+
     def lib_for(self, pos0: int, n_steps: int) -> ctypes.CDLL:
-        """The library a launch of n_steps from position pos0 runs: the long-context one where its last step's longest
-        attention split needs more than one staged chunk."""
-        if self.lib_long is not None and longest_split_chunks(pos0 + n_steps, self.sched.n_splits, self.attn_min_pos,
-                                                              self.attn_min_splits, self.kv_stage_pos) > 1:
+        """The library a launch of n_steps from position pos0 runs: the long-context one where it restages."""
+        if self.lib_long is not None and self.restages(pos0, n_steps):
             return self.lib_long
         return self.lib
 

@@ -82,6 +82,7 @@ class _LaunchClock:
 class MonokernelBackend(Backend):
     name = "monokernel"
     supports_tp = False
+    mk_long = None   # the plain launch for long contexts next to a cluster launch (_long_kernel); None: self.mk only
 
     @staticmethod
     def supported(config, device) -> tuple[bool, str]:
@@ -134,6 +135,7 @@ class MonokernelBackend(Backend):
         # L1_KEEP_CARVEOUT; False: fewer than 128 positions fit within it, the log line says so too)
         self.stats["stage_positions"] = self.mk.stage_capacity
         self.stats["l1_kept"] = self.mk.l1_kept
+        self.mk_long = self._long_kernel(model, cache, max_steps)
         self._logits = torch.empty(1, model.cfg.vocab_size, dtype=torch.float32, device=model.device)
         self._clock_sums: dict[str, list] = {}     # _LaunchClock totals over all launches
         # Completion prefill replays CUDA graphs (eager launch overhead was ~20 ms on the 1.5B model).
@@ -156,9 +158,42 @@ class MonokernelBackend(Backend):
                 log.warning("monokernel: clusters of %d not used (%s); launching without clusters", cluster, why)
         return Monokernel(model, cache.k, cache.v, max_steps=max_steps)
 
+    def _long_kernel(self, model, cache, max_steps):
+        """Next to a cluster launch, the plain launch for the launches where the clusters would restage K / V
+        (Monokernel.restages: a kv head's positions over 16 ranks per part there, over up to 64 CTAs in the plain
+        launch, each with all of the head's q heads). stats["long_launch"] says whether it runs and why not; none is
+        made where the clusters stage every split in one chunk up to the cache's last position."""
+        if not self.mk.attn_cluster:
+            return None
+        max_len = cache.k.shape[3]
+        if not self.mk.restages(max_len - 1, 1):
+            self.stats["long_launch"] = f"not needed (the clusters stage all {max_len} cache positions without restaging)"
+            return None
+        from kernels.runtime import Monokernel
+        try:
+            mk = Monokernel(model, cache.k, cache.v, max_steps=max_steps)
+        except Exception as e:   # noqa: BLE001 - any failure of the long-context launch: say why, keep the clusters
+            why = f"{type(e).__name__}: {e}"
+            self.stats["long_launch"] = f"off ({why})"
+            log.warning("monokernel: no plain launch for long contexts (%s); the clusters run every launch", why)
+            return None
+        self.stats["long_launch"] = "plain where the clusters restage"
+        self.stats["plain_long_launches"] = 0
+        return mk
+
+    def _pick(self, pos: int, n: int):
+        """The kernel a launch of n steps from pos runs: the plain one where the cluster launch would restage."""
+        if self.mk_long is not None and self.mk.restages(pos, n):
+            self.stats["plain_long_launches"] += 1
+            return self.mk_long
+        return self.mk
+
     def warmup(self) -> None:
-        """One real step on slot 0 (empty at start, its KV position 0 is rewritten by any later prefill)."""
+        """One real step on slot 0 (empty at start, its KV position 0 is rewritten by any later prefill), on each
+        launch."""
         self.decode(0, 0, 0)
+        if self.mk_long is not None:
+            self.mk_long.run(0, 0, 0, 1)
         self.prefill_graphs.warmup()   # every (slot, bucket, window) graph now: no request pays a capture
         torch.cuda.synchronize(self.model.device)
 
@@ -171,7 +206,8 @@ class MonokernelBackend(Backend):
                 f"{f'attention in clusters of {self.mk.attn_cluster}' if self.mk.attn_cluster else 'no clusters'}"
                 f"{f', QKV inside them in {s.qkv_parts} parts per kv head' if s.qkv_parts else ''}"
                 f"{' (k / v on the other CTAs)' if s.kv_apart else ''}"
-                f"{', MLP adds by cluster-rank pairs' if s.mlp_pairs else ''}{weights})")
+                f"{', MLP adds by cluster-rank pairs' if s.mlp_pairs else ''}{weights})"
+                f"{'; the plain launch where the clusters would restage K / V' if self.mk_long else ''}")
 
     def prefill(self, slot, ids, start_pos, all_logits=False):
         out = self.prefill_graphs.prefill(slot, ids, start_pos, all_logits)
@@ -188,26 +224,27 @@ class MonokernelBackend(Backend):
 
     def decode(self, slot, token, pos):
         self._before_launch(slot, pos)
-        self.mk.launch(slot, token, pos, 1, logits_out=self._logits)
+        mk = self._pick(pos, 1)
+        mk.launch(slot, token, pos, 1, logits_out=self._logits)
         ok = False
         try:
-            self.mk.wait()
+            mk.wait()
             ok = True
         finally:
             self._after_run(slot, pos, ok)
-            self._side_stats()
+            self._side_stats(mk)
         self.stats["launches"] += 1
         return self._logits[0].clone()
 
-    def _side_stats(self) -> None:
+    def _side_stats(self, mk=None) -> None:
         """The side launch's fallbacks so far (kernels/runtime.py: each one is also logged): launches that ran on the
         clusters alone, and why the side launch stopped being started, if it did. The tensor-parallel kernels have
         no side launch (no n_side). Also which LM head the last launch ran (screened, or exact and why) and the
         launches whose screened head computed a block exactly (too many candidates), and the launches that ran the
-        long-context library."""
-        if hasattr(self.mk, "lm_mode"):
-            self.stats["lm_head"] = self.mk.lm_mode
-            self.stats["lm_screen_over"] = self.mk.lm_over
+        long-context library. mk: the kernel the launch ran (self.mk, or the plain launch for long contexts)."""
+        if hasattr(mk or self.mk, "lm_mode"):
+            self.stats["lm_head"] = (mk or self.mk).lm_mode
+            self.stats["lm_screen_over"] = self.mk.lm_over + (self.mk_long.lm_over if self.mk_long else 0)
             self.stats["long_launches"] = self.mk.long_launches
         if getattr(self.mk, "n_side", 0):
             self.stats["side_alone"] = self.mk.side_alone
@@ -221,7 +258,7 @@ class MonokernelBackend(Backend):
         if n <= 0 or (cancel is not None and cancel.is_set()):
             return
         seed = launch_seed(sampling, generator)
-        mk = self.mk
+        mk = self._pick(pos, n)
         clock = _LaunchClock()
         self._before_launch(slot, pos)
         mk.launch(slot, token, pos, n, temperature=sampling.temperature, top_p=sampling.top_p, seed=seed,
@@ -262,4 +299,4 @@ class MonokernelBackend(Backend):
             finally:
                 self._after_run(slot, pos, ok)
                 clock.finished(self._clock_sums, self.stats)
-                self._side_stats()
+                self._side_stats(mk)

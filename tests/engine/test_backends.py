@@ -108,13 +108,16 @@ def test_backend_stats_method_or_dict(tiny_qwen, fake_monokernel):
 
 
 class _FakeKernel:
-    """Stands in for kernels.runtime.Monokernel: records its arguments; a cluster launch fails when told to."""
+    """Stands in for kernels.runtime.Monokernel: records its arguments; a cluster (plain) launch fails when told to."""
     fail_clusters = False
+    fail_plain = False
     made: list = []
 
     def __init__(self, model, k, v, max_steps=4096, attn_cluster=0):
         if attn_cluster and self.fail_clusters:
             raise RuntimeError("cluster occupancy: only 7 clusters resident")
+        if not attn_cluster and self.fail_plain:
+            raise RuntimeError("out of memory")
         self.attn_cluster = attn_cluster
         _FakeKernel.made.append(attn_cluster)
 
@@ -160,3 +163,39 @@ def test_monokernel_side_launch_fallbacks_reach_the_stats():
     be.stats, be.mk = {}, types.SimpleNamespace(n_side=0, side_alone=0, side_error=None)
     be._side_stats()
     assert be.stats == {}
+
+
+@pytest.mark.parametrize("cluster,fail,max_len", [(16, False, 4096), (16, True, 4096), (0, False, 4096),
+                                                  (16, False, 2200)])
+def test_long_contexts_run_the_plain_launch_next_to_the_clusters(monkeypatch, caplog, cluster, fail, max_len):
+    """Next to a cluster launch the backend holds the plain launch and runs it for the launches where the clusters
+    would restage K / V (Monokernel.restages), counting them; where the plain launch cannot be made the clusters run
+    every launch and the log and stats say why; a plain launch alone holds nothing more, and neither does a cluster
+    launch that never restages within the cache."""
+    import kernels.runtime
+    from engine.backends.monokernel import MonokernelBackend
+    monkeypatch.setattr(kernels.runtime, "Monokernel", _FakeKernel)
+    monkeypatch.setattr(_FakeKernel, "fail_plain", fail)
+    monkeypatch.setattr(_FakeKernel, "made", [])
+    be = object.__new__(MonokernelBackend)
+    be.stats = {}
+    be.mk = types.SimpleNamespace(attn_cluster=cluster, restages=lambda pos, n: pos + n > 2200)
+    cache = types.SimpleNamespace(k=torch.empty(1, 1, 1, max_len, 0), v=None)
+    with caplog.at_level(logging.WARNING, logger="engine"):
+        be.mk_long = be._long_kernel(types.SimpleNamespace(), cache, 64)
+    assert be._pick(0, 64) is be.mk and be._pick(2100, 100) is be.mk
+    if cluster and max_len <= 2200:
+        assert be.mk_long is None and _FakeKernel.made == [] and not caplog.records
+        assert be.stats == {"long_launch": "not needed (the clusters stage all 2200 cache positions without restaging)"}
+    elif cluster and not fail:
+        assert be.mk_long.attn_cluster == 0 and _FakeKernel.made == [0]
+        assert be.stats["long_launch"] == "plain where the clusters restage" and not caplog.records
+        assert be._pick(2100, 101) is be.mk_long and be._pick(5000, 1) is be.mk_long
+        assert be.stats["plain_long_launches"] == 2
+    elif cluster:
+        assert be.mk_long is None and be.stats["long_launch"] == "off (RuntimeError: out of memory)"
+        assert any("no plain launch for long contexts" in r.getMessage() for r in caplog.records)
+        assert be._pick(5000, 1) is be.mk
+    else:
+        assert be.mk_long is None and _FakeKernel.made == [] and be.stats == {}
+        assert be._pick(5000, 1) is be.mk

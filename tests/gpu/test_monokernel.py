@@ -278,6 +278,51 @@ def test_engine_end_to_end(tmp_path):
         assert sc.token_logprobs[j] >= sc.top_logprobs[j] - 0.05, (i, tok, sc.top_ids[j])
 
 
+def test_engine_long_context_runs_the_plain_launch(tmp_path):
+    """The engine's cluster launch runs the plain one for launches where its splits would restage K / V
+    (MonokernelBackend._pick): from a prompt past that point the plain launch generates; one step from the prompt on
+    both launches against the fp32 reference of the same prompt, where the plain launch must be as close as the
+    clusters; a short launch afterwards runs the clusters again. (This random model's bf16 prefill alone moves its
+    logprobs by ~0.3 at these positions, so the generated tokens are not compared with a bf16 score.)"""
+    from engine import Engine
+    from engine.testing import make_tiny_checkpoint
+    from kernels.testing import upcast
+    _cache.clear()
+    ML = 16384
+    d = make_tiny_checkpoint(tmp_path / "m", arch="qwen2", hidden_size=256, n_heads=4, n_kv_heads=2, head_dim=64,
+                             intermediate_size=512, n_layers=2, init_std=0.2)
+    eng = Engine.load(d, device="cuda", backend="monokernel", max_seq_len=ML, kv_slots=1)
+    be = eng.backend
+    assert be.mk.attn_cluster == 16 and be.mk_long is not None and be.mk_long.attn_cluster == 0, eng.stats()
+    assert eng.stats()["backend_stats"]["long_launch"] == "plain where the clusters restage"
+    first = next(p for p in range(256, ML, 256) if be.mk.restages(p, 1))
+    print(f"\nthe tiny model's clusters restage from ~{first} positions ({be.mk.kv_stage_pos} staged per chunk)")
+    assert first + 64 < ML - 32
+    prompt = [10 + i % 150 for i in range(first + 64)]
+    res = eng.complete(prompt, max_new_tokens=16, stop_ids=frozenset())
+    assert len(res.token_ids) == 16 and eng.stats()["backend_stats"]["plain_long_launches"] >= 1, eng.stats()
+    pos, tok = len(prompt), res.token_ids[0]
+    n_long = eng.stats()["backend_stats"]["plain_long_launches"]
+    plain = be.decode(0, tok, pos)
+    assert eng.stats()["backend_stats"]["plain_long_launches"] == n_long + 1
+    be.mk.launch(0, tok, pos, 1, logits_out=be._logits)
+    be.mk.wait()
+    clusters = be._logits[0].clone()
+    m32 = upcast(be.model)
+    cfg = m32.cfg
+    shape = (1, cfg.n_layers, cfg.n_kv_heads, ML, cfg.head_dim)
+    k32, v32 = torch.zeros(shape, device="cuda"), torch.zeros(shape, device="cuda")
+    m32.forward(k32, v32, 0, torch.tensor(prompt, device="cuda"), 0)
+    ref = m32.forward(k32, v32, 0, torch.tensor([tok], device="cuda"), pos)
+    e_plain, e_cl = rel(plain, ref), rel(clusters, ref)
+    print(f"one step at {pos}: rel L2 to fp32, plain {e_plain:.2e}, clusters {e_cl:.2e}; "
+          f"plain to clusters {rel(plain, clusters):.2e}")
+    assert e_plain <= 1.5 * e_cl + 2e-3 and e_plain < 0.1
+    n_long = eng.stats()["backend_stats"]["plain_long_launches"]
+    res = eng.complete(list(range(10, 40)), max_new_tokens=8, stop_ids=frozenset())
+    assert len(res.token_ids) == 8 and eng.stats()["backend_stats"]["plain_long_launches"] == n_long
+
+
 @pytest.mark.parametrize("name", [SHAPES[0], SHAPES[2]])
 def test_load_timing_variants_are_bit_identical(name):
     """Early weight loads, the L2 prefetch and the warp that releases each stage's counter (signal_warp) only move
