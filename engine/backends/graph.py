@@ -39,13 +39,18 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: t
     tail): scores there become -inf, and V is zeroed where no row reads (valid[-1]: the last row reads the
     most), so 0 * NaN never reaches the output. Query head j*g + i reads kv head j (GQA): q viewed as
     [nkv, g*T, hd] lines up with the cache without expanding K/V.
+
+    Launches (each ~3-10 us inside a prefill graph): the scale rides on the one contiguous copy of q the batched
+    matmul needs anyway (the rope leaves q transposed), and the softmax reads the masked scores in q's dtype and
+    writes that dtype, computing in fp32 inside (torch's accumulate type); scaling, upcasting and downcasting the
+    [nkv, g*T, W] scores as three more launches cost ~0.3 ms per 1.5B prefill (bench/NOTES.md, session 35).
     """
     nh, T, hd = q.shape
     nkv, W, _ = k.shape
     g = nh // nkv
-    s = torch.matmul(q.reshape(nkv, g * T, hd), k.transpose(1, 2)).view(nkv, g, T, W) * (hd ** -0.5)
-    s = torch.where(valid, s, float("-inf"))
-    p = torch.softmax(s.float(), dim=-1).to(q.dtype)
+    qs = torch.mul(q, hd ** -0.5, out=torch.empty((nh, T, hd), dtype=q.dtype, device=q.device))
+    s = torch.matmul(qs.view(nkv, g * T, hd), k.transpose(1, 2)).view(nkv, g, T, W)
+    p = torch.softmax(torch.where(valid, s, float("-inf")), dim=-1)
     v = torch.where(valid[-1][:, None], v, 0.0)
     o = torch.matmul(p.view(nkv, g * T, W), v)                                     # [nkv, g*T, hd]
     return o.view(nh, T, hd).transpose(0, 1).reshape(T, nh * hd)

@@ -84,7 +84,9 @@ def test_padded_static_prefill_matches_reference(arch):
         assert got.shape == (m.cfg.vocab_size,)
         assert (got - want[b - 1]).abs().max().item() <= 1e-5, (a, b)
         for t, ref in ((kv.k, full.k), (kv.v, full.v)):
-            assert (t[1, :, :, :b] - ref[0, :, :, :b]).abs().max().item() <= 1e-5, (a, b)
+            # fp32 summation order only: the static step scales q before its score matmul, the reference after
+            # (K / V values up to ~6 here, so 2e-5 is ~3e-6 of the largest)
+            assert (t[1, :, :, :b] - ref[0, :, :, :b]).abs().max().item() <= 2e-5, (a, b)
             assert torch.isnan(t[1, :, :, a + bucket:]).all(), (a, b)   # never past the padded chunk
     assert pg.counts["static_eager"] == 6
     # Near max_len the padded chunk would not fit: the reference forward runs instead (and says so).
