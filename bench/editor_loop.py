@@ -437,6 +437,10 @@ def replay_engine(args, traces) -> dict:
         "launch_clock_us": {k: s1["backend_stats"][k] for k in ("launch_host_us", "first_token_us",
                                                                  "token_interval_us", "finish_us")
                             if k in s1.get("backend_stats", {})} or None,
+        # monokernel: prefill chunks run as kernel steps (engine/backends/kernel_prefill.py) and the warm-up timing
+        "kernel_prefill": {k: s1["backend_stats"][k] for k in ("kernel_prefill_max", "kernel_prefills",
+                                                                "kernel_prefill_ms")
+                           if k in s1.get("backend_stats", {})} or None,
         "generated_tokens_mean": (statistics.fmean([x for _, row in rows for x in row.gen_tokens])
                                   if any(row.gen_tokens for _, row in rows) else None),
         "note": (f"random weights: {args.max_tokens} tokens generated per request, no stop; every answer to the "
@@ -474,6 +478,7 @@ def report(args, traces, source, r: dict) -> dict:
         "goal_p50_ms": goal, "note": r.get("note"), "prefill_ms_p50": r.get("prefill_ms_p50"),
         "decode_ms_p50": r.get("decode_ms_p50"), "generated_tokens_mean": r.get("generated_tokens_mean"),
         "prompt_ms_p50": r.get("prompt_ms_p50"), "launch_clock_us": r.get("launch_clock_us"),
+        "kernel_prefill": r.get("kernel_prefill"),
         "settings": json.loads(args.server_settings) if args.mode == "server" else None,
     }
     out["meets_goal"] = out["p50_ms"] is not None and out["p50_ms"] <= goal
@@ -492,6 +497,8 @@ def report(args, traces, source, r: dict) -> dict:
     if r.get("launch_clock_us"):
         print("kernel launches as the host sees them (means, us): " + ", ".join(
             f"{k} {v}" for k, v in r["launch_clock_us"].items()))
+    if r.get("kernel_prefill"):
+        print("prefill chunks as kernel steps: " + ", ".join(f"{k} {v}" for k, v in r["kernel_prefill"].items()))
     if r.get("note"):
         print(f"note: {r['note']}")
     print(json.dumps(out))

@@ -2,7 +2,9 @@
 persistent CUDA kernel (kernels/). Tokens stream back through mapped host memory while it runs; cancellation
 is a host-written flag the kernel polls once per token.
 
-Prefill runs the reference model (same weights, same KV layout); decode and decode_loop run the kernel.
+Prefill runs the reference model (same weights, same KV layout) from CUDA graphs, except chunks short enough to
+run faster as teacher-forced kernel steps (kernel_prefill.py, timed at warm-up); decode and decode_loop run the
+kernel.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Iterator
 import torch
 
 from ..sampling import SamplingParams
+from . import kernel_prefill
 from .base import Backend, BackendUnavailable
 from .graph import PrefillGraphs
 
@@ -83,6 +86,8 @@ class MonokernelBackend(Backend):
     name = "monokernel"
     supports_tp = False
     mk_long = None   # the plain launch for long contexts next to a cluster launch (_long_kernel); None: self.mk only
+    kernel_prefill_max = 0   # prefill chunks up to this many tokens run as kernel steps (set by warmup's timing)
+    KERNEL_PREFILL = True    # whether warmup times the kernel prefill (the tensor-parallel backend does not)
 
     @staticmethod
     def supported(config, device) -> tuple[bool, str]:
@@ -137,6 +142,10 @@ class MonokernelBackend(Backend):
         self.stats["l1_kept"] = self.mk.l1_kept
         self.mk_long = self._long_kernel(model, cache, max_steps)
         self._logits = torch.empty(1, model.cfg.vocab_size, dtype=torch.float32, device=model.device)
+        self._chunk_logits = torch.empty(kernel_prefill.CAP, model.cfg.vocab_size, dtype=torch.float32,
+                                         device=model.device)   # every step's logits of a kernel prefill
+        self.stats["kernel_prefill_max"] = 0
+        self.stats["kernel_prefills"] = 0
         self._clock_sums: dict[str, list] = {}     # _LaunchClock totals over all launches
         # Completion prefill replays CUDA graphs (eager launch overhead was ~20 ms on the 1.5B model).
         self.prefill_graphs = PrefillGraphs(model, cache)
@@ -196,6 +205,26 @@ class MonokernelBackend(Backend):
             self.mk_long.run(0, 0, 0, 1)
         self.prefill_graphs.warmup()   # every (slot, bucket, window) graph now: no request pays a capture
         torch.cuda.synchronize(self.model.device)
+        if self.KERNEL_PREFILL:
+            self._time_kernel_prefill()
+
+    def _time_kernel_prefill(self, timer=kernel_prefill.median_ms) -> None:
+        """Time a one-token graph prefill against kernel launches of one and two steps, all on slot 0 from position 0
+        (still empty: the next prefill rewrites what these write), and set kernel_prefill_max from them."""
+        dev = self.model.device
+        sync = lambda: torch.cuda.synchronize(dev)   # noqa: E731
+        tok = torch.zeros(1, dtype=torch.long, device=dev)
+        launches = self.stats["launches"]
+        graph = timer(lambda: self.prefill_graphs.prefill(0, tok, 0), sync)
+        one = timer(lambda: self._steps(0, [0], 0, self._chunk_logits), sync)
+        two = timer(lambda: self._steps(0, [0, 0], 0, self._chunk_logits), sync)
+        self.stats["launches"] = launches   # the timing's launches serve no request
+        self.kernel_prefill_max = kernel_prefill.limit(graph, one, two)
+        self.stats["kernel_prefill_max"] = self.kernel_prefill_max
+        self.stats["kernel_prefill_ms"] = {"graph_1_token": round(graph, 3), "kernel_1_step": round(one, 3),
+                                           "kernel_2_steps": round(two, 3)}
+        log.info("monokernel: prefill chunks of up to %d tokens run as kernel steps (one-token graph prefill %.2f ms, "
+                 "kernel launch of 1 / 2 steps %.2f / %.2f ms)", self.kernel_prefill_max, graph, one, two)
 
     def describe(self) -> str:
         s = self.mk.sched
@@ -210,6 +239,10 @@ class MonokernelBackend(Backend):
                 f"{'; the plain launch where the clusters would restage K / V' if self.mk_long else ''}")
 
     def prefill(self, slot, ids, start_pos, all_logits=False):
+        n = ids.shape[0]
+        if not all_logits and 0 < n <= self.kernel_prefill_max:
+            self.stats["kernel_prefills"] += 1
+            return self._steps(slot, ids.tolist(), start_pos, self._chunk_logits)
         out = self.prefill_graphs.prefill(slot, ids, start_pos, all_logits)
         self.stats.update(self.prefill_graphs.stats())
         return out
@@ -223,9 +256,15 @@ class MonokernelBackend(Backend):
         """The launch from `pos` ended (ok: without error; mk.count() steps ran)."""
 
     def decode(self, slot, token, pos):
+        return self._steps(slot, [token], pos, self._logits)
+
+    def _steps(self, slot: int, toks: list[int], pos: int, out: torch.Tensor) -> torch.Tensor:
+        """One launch of len(toks) teacher-forced steps from pos (their K / V written); every step's logits go to
+        out's rows, the last one's is returned."""
+        n = len(toks)
         self._before_launch(slot, pos)
-        mk = self._pick(pos, 1)
-        mk.launch(slot, token, pos, 1, logits_out=self._logits)
+        mk = self._pick(pos, n)
+        mk.launch(slot, toks[0], pos, n, forced=toks if n > 1 else None, logits_out=out)
         ok = False
         try:
             mk.wait()
@@ -234,7 +273,7 @@ class MonokernelBackend(Backend):
             self._after_run(slot, pos, ok)
             self._side_stats(mk)
         self.stats["launches"] += 1
-        return self._logits[0].clone()
+        return out[n - 1].clone()
 
     def _side_stats(self, mk=None) -> None:
         """The side launch's fallbacks so far (kernels/runtime.py: each one is also logged): launches that ran on the

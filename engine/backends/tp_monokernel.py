@@ -147,6 +147,9 @@ class TPMonokernelBackend(MonokernelBackend):
     name = "monokernel"        # what --backend asks for; describe() and stats() say tp
     supports_tp = True
 
+    # Prefill chunks stay on the graphs: a kernel prefill would also copy K / V between the ranks (not measured).
+    KERNEL_PREFILL = False
+
     @staticmethod
     def supported(config, device) -> tuple[bool, str]:
         """MonokernelBackend's checks; for a lane model on the shape every GPU runs (one lane)."""
@@ -200,7 +203,8 @@ class TPMonokernelBackend(MonokernelBackend):
                       "tp_devices": [str(d) for d in kernel.devices], "vocab_parallel": kernel.vocab_parallel,
                       "exchange_wait_us": None, "exchange_wait_max_us": None, "exchange_wait_mean_us": None,
                       "kv_to_ranks_positions": 0, "kv_from_ranks_positions": 0,
-                      "kv_copy_host_ms": 0.0}   # host time issuing the K/V copies (they run async)
+                      "kv_copy_host_ms": 0.0,   # host time issuing the K/V copies (they run async)
+                      "kernel_prefill_max": 0}  # KERNEL_PREFILL: the graphs prefill every chunk
         self._xw_sum, self._xw_steps = 0.0, 0     # per-token exchange wait summed over launches, for the mean
         lanes = getattr(kernel, "lanes", None)
         if lanes is not None:

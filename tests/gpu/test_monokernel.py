@@ -615,3 +615,42 @@ def test_no_finite_logit_stops_the_launch_and_the_next_one_runs():
     toks, reason = s.mk.run(0, tok, PROMPT, 8)
     torch.cuda.synchronize()
     assert reason == "length" and len(toks) == 8 and all(0 <= t < s.cfg.vocab_size for t in toks)
+
+
+def test_engine_short_chunks_prefill_as_kernel_steps(tmp_path):
+    """Short prefill chunks as teacher-forced kernel steps (MonokernelBackend.prefill; its limit comes from the
+    warm-up timing, printed here and tested on the CPU, and is set to 2 for this test): a two-token chunk's last
+    logits against the fp32 reference of the same tokens, where the kernel must be as close as the graph prefill
+    of the same chunk; then a keystroke-like request (the cached prompt plus one token) prefills through the kernel
+    and generates."""
+    from engine import Engine
+    from engine.testing import make_tiny_checkpoint
+    from kernels.testing import upcast
+    _cache.clear()
+    ML = 1024
+    d = make_tiny_checkpoint(tmp_path / "m", arch="qwen2", hidden_size=256, n_heads=4, n_kv_heads=2, head_dim=64,
+                             intermediate_size=512, n_layers=2)
+    eng = Engine.load(d, device="cuda", backend="monokernel", max_seq_len=ML, kv_slots=1)
+    be = eng.backend
+    st = eng.stats()["backend_stats"]
+    print(f"\nwarm-up timing: kernel prefill up to {st['kernel_prefill_max']} tokens ({st['kernel_prefill_ms']})")
+    be.kernel_prefill_max = 2
+    prompt = [10 + (7 * i) % 150 for i in range(100)]
+    eng.complete(prompt, max_new_tokens=1, stop_ids=frozenset())   # the prompt's K / V in slot 0, no decode launch
+    chunk = torch.tensor([33, 44], device="cuda")
+    n0 = be.stats["kernel_prefills"]
+    kern = be.prefill(0, chunk, 100)
+    assert be.stats["kernel_prefills"] == n0 + 1
+    graph = be.prefill_graphs.prefill(0, chunk, 100)
+    m32 = upcast(be.model)
+    cfg = m32.cfg
+    shape = (1, cfg.n_layers, cfg.n_kv_heads, ML, cfg.head_dim)
+    k32, v32 = torch.zeros(shape, device="cuda"), torch.zeros(shape, device="cuda")
+    ref = m32.forward(k32, v32, 0, torch.tensor(prompt + chunk.tolist(), device="cuda"), 0)
+    e_k, e_g = rel(kern, ref), rel(graph, ref)
+    print(f"two-token chunk at 100: rel L2 to fp32, kernel {e_k:.2e}, graph {e_g:.2e}")
+    assert e_k <= 1.5 * e_g + 2e-3 and e_k < 0.05
+    n0 = be.stats["kernel_prefills"]
+    res = eng.complete(prompt + [55], max_new_tokens=4, stop_ids=frozenset())
+    assert len(res.token_ids) == 4 and res.reused_tokens == 100, res
+    assert be.stats["kernel_prefills"] == n0 + 1, eng.stats()
