@@ -1,5 +1,5 @@
-"""Prefill attention variants for the graph prefill's static step: the current masked_attention (two matmuls, mask,
-softmax, casts, matmul) against SDPA backends with a boolean window mask; accuracy against fp32, per-call time, and the
+"""Prefill attention variants for the graph prefill's static step: the current masked_attention (two matmuls around a
+masked softmax) against SDPA backends with a boolean window mask; accuracy against fp32, per-call time, and the
 whole graph prefill with each variant patched in ("current" is engine.backends.graph.masked_attention as it is).
 usage: python3 bench/experiments/prefill-attn-sdpa.py qwen2.5-coder-1.5b [qwen2.5-coder-0.5b ...]"""
 import sys, time, torch, torch.nn.functional as F
