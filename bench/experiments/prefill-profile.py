@@ -6,14 +6,11 @@ sys.path.insert(0, ".")
 from torch.profiler import profile, ProfilerActivity
 from engine.config import preset
 from engine.kv_cache import KVCache
-from engine.model import Model
+from kernels.testing import random_model
 from engine.backends.graph import PrefillGraphs, static_step, bucket_for
 for name in sys.argv[1:]:
     cfg = preset(name); dev = torch.device("cuda"); ML = 4096
-    model = Model(cfg, device=dev, dtype=torch.bfloat16, max_len=ML)
-    with torch.no_grad():
-        for n, t in model.params.items():
-            t.fill_(1.0) if n.endswith("norm.weight") else t.normal_(0, 0.02)
+    model = random_model(cfg, max_len=ML)
     cache = KVCache(1, cfg.n_layers, cfg.n_kv_heads, ML, cfg.head_dim, dtype=torch.bfloat16, device=dev)
     ids = torch.randint(0, cfg.vocab_size, (1100,), device=dev)
     model.forward(cache.k, cache.v, 0, ids[:1024], 0)
