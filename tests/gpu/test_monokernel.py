@@ -19,18 +19,26 @@ def rel(a, b):
     return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
+def fp32_reference(m16, max_len: int):
+    """The fp32 reference of a bf16 model: its upcast copy and a zeroed one-slot fp32 K / V cache of max_len
+    positions. -> (m32, k32, v32)"""
+    from kernels.testing import upcast
+    m32 = upcast(m16)
+    cfg = m32.cfg
+    shape = (1, cfg.n_layers, cfg.n_kv_heads, max_len, cfg.head_dim)
+    return m32, torch.zeros(shape, device=m16.device), torch.zeros(shape, device=m16.device)
+
+
 class Setup:
     def __init__(self, name, max_len=1024, seed=0):
         """name: an engine.config preset or a ModelConfig."""
         from engine.config import preset
         from kernels.runtime import Monokernel
-        from kernels.testing import random_model, upcast
+        from kernels.testing import random_model
         self.cfg = cfg = preset(name) if isinstance(name, str) else name
         self.m16 = random_model(cfg, max_len=max_len, seed=seed)
-        self.m32 = upcast(self.m16)
-        shape = (1, cfg.n_layers, cfg.n_kv_heads, max_len, cfg.head_dim)
-        self.k32 = torch.zeros(shape, device="cuda")
-        self.v32 = torch.zeros(shape, device="cuda")
+        self.m32, self.k32, self.v32 = fp32_reference(self.m16, max_len)
+        shape = self.k32.shape
         self.k16 = torch.full(shape, float("nan"), device="cuda", dtype=torch.bfloat16)
         self.v16 = torch.full(shape, float("nan"), device="cuda", dtype=torch.bfloat16)
         g = torch.Generator(device="cpu").manual_seed(seed + 1)
@@ -133,15 +141,14 @@ def test_long_context_8k(name, launch):
     from engine.config import preset
     from kernels.runtime import Monokernel
     from kernels.schedule import Dims, attn_cluster_model
-    from kernels.testing import random_model, upcast
+    from kernels.testing import random_model
     _cache.clear()
     torch.cuda.empty_cache()
     cfg = preset(name)
     P, N, ML = 8190, 8, 8256
     m16 = random_model(cfg, max_len=ML, seed=3)
-    m32 = upcast(m16)
-    shape = (1, cfg.n_layers, cfg.n_kv_heads, ML, cfg.head_dim)
-    k32, v32 = torch.zeros(shape, device="cuda"), torch.zeros(shape, device="cuda")
+    m32, k32, v32 = fp32_reference(m16, ML)
+    shape = k32.shape
     ids = torch.randint(0, cfg.vocab_size, (P + N,), generator=torch.Generator().manual_seed(4)).cuda()
     m32.forward(k32, v32, 0, ids[:P], 0)
     k16 = torch.full(shape, float("nan"), device="cuda", dtype=torch.bfloat16)
@@ -286,7 +293,6 @@ def test_engine_long_context_runs_the_plain_launch(tmp_path):
     logprobs by ~0.3 at these positions, so the generated tokens are not compared with a bf16 score.)"""
     from engine import Engine
     from engine.testing import make_tiny_checkpoint
-    from kernels.testing import upcast
     _cache.clear()
     ML = 16384
     d = make_tiny_checkpoint(tmp_path / "m", arch="qwen2", hidden_size=256, n_heads=4, n_kv_heads=2, head_dim=64,
@@ -308,10 +314,7 @@ def test_engine_long_context_runs_the_plain_launch(tmp_path):
     be.mk.launch(0, tok, pos, 1, logits_out=be._logits)
     be.mk.wait()
     clusters = be._logits[0].clone()
-    m32 = upcast(be.model)
-    cfg = m32.cfg
-    shape = (1, cfg.n_layers, cfg.n_kv_heads, ML, cfg.head_dim)
-    k32, v32 = torch.zeros(shape, device="cuda"), torch.zeros(shape, device="cuda")
+    m32, k32, v32 = fp32_reference(be.model, ML)
     m32.forward(k32, v32, 0, torch.tensor(prompt, device="cuda"), 0)
     ref = m32.forward(k32, v32, 0, torch.tensor([tok], device="cuda"), pos)
     e_plain, e_cl = rel(plain, ref), rel(clusters, ref)
@@ -625,7 +628,6 @@ def test_engine_short_chunks_prefill_as_kernel_steps(tmp_path):
     and generates."""
     from engine import Engine
     from engine.testing import make_tiny_checkpoint
-    from kernels.testing import upcast
     _cache.clear()
     ML = 1024
     d = make_tiny_checkpoint(tmp_path / "m", arch="qwen2", hidden_size=256, n_heads=4, n_kv_heads=2, head_dim=64,
@@ -642,10 +644,7 @@ def test_engine_short_chunks_prefill_as_kernel_steps(tmp_path):
     kern = be.prefill(0, chunk, 100)
     assert be.stats["kernel_prefills"] == n0 + 1
     graph = be.prefill_graphs.prefill(0, chunk, 100)
-    m32 = upcast(be.model)
-    cfg = m32.cfg
-    shape = (1, cfg.n_layers, cfg.n_kv_heads, ML, cfg.head_dim)
-    k32, v32 = torch.zeros(shape, device="cuda"), torch.zeros(shape, device="cuda")
+    m32, k32, v32 = fp32_reference(be.model, ML)
     ref = m32.forward(k32, v32, 0, torch.tensor(prompt + chunk.tolist(), device="cuda"), 0)
     e_k, e_g = rel(kern, ref), rel(graph, ref)
     print(f"two-token chunk at 100: rel L2 to fp32, kernel {e_k:.2e}, graph {e_g:.2e}")
