@@ -275,14 +275,14 @@ class MonokernelBackend(Backend):
         self.stats["launches"] += 1
         return out[n - 1].clone()
 
-    def _side_stats(self, mk=None) -> None:
+    def _side_stats(self, mk) -> None:
         """The side launch's fallbacks so far (kernels/runtime.py: each one is also logged): launches that ran on the
         clusters alone, and why the side launch stopped being started, if it did. The tensor-parallel kernels have
         no side launch (no n_side). Also which LM head the last launch ran (screened, or exact and why) and the
         launches whose screened head computed a block exactly (too many candidates), and the launches that ran the
         long-context library. mk: the kernel the launch ran (self.mk, or the plain launch for long contexts)."""
-        if hasattr(mk or self.mk, "lm_mode"):
-            self.stats["lm_head"] = (mk or self.mk).lm_mode
+        if hasattr(mk, "lm_mode"):
+            self.stats["lm_head"] = mk.lm_mode
             self.stats["lm_screen_over"] = self.mk.lm_over + (self.mk_long.lm_over if self.mk_long else 0)
             self.stats["long_launches"] = self.mk.long_launches
         if getattr(self.mk, "n_side", 0):

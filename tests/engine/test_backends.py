@@ -155,13 +155,13 @@ def test_monokernel_side_launch_fallbacks_reach_the_stats():
     be = object.__new__(MonokernelBackend)
     be.stats = {}
     be.mk = types.SimpleNamespace(n_side=20, side_alone=0, side_error=None)
-    be._side_stats()
+    be._side_stats(be.mk)
     assert be.stats == {"side_alone": 0}
     be.mk.side_alone, be.mk.side_error = 2, "CUDA error 1 (invalid argument)"
-    be._side_stats()
+    be._side_stats(be.mk)
     assert be.stats == {"side_alone": 2, "side_error": "CUDA error 1 (invalid argument)"}
     be.stats, be.mk = {}, types.SimpleNamespace(n_side=0, side_alone=0, side_error=None)
-    be._side_stats()
+    be._side_stats(be.mk)
     assert be.stats == {}
 
 
