@@ -537,8 +537,10 @@ class Monokernel:
 
     def _fixed_params(self) -> MkParams:
         """The launch parameters that no launch changes (buffers allocated at construction, the model's dimensions,
-        the shared-memory layout), built at the first launch; params copies them and sets the rest (setting every
-        field of the ctypes struct per launch was most of a launch's ~0.2 ms of host time)."""
+        the shared-memory layout), built at the first launch, not at construction, so a tool that swaps one of those
+        buffers before launching is seen (bench/experiments/weight-arena-time.py's layers_dev); params copies them and
+        sets the rest (setting every field per launch was the largest Python part of a launch under cProfile; the
+        host-time gain measured alone was within noise: bench/NOTES.md, session 35)."""
         if self._fixed is None:
             dm, sc = self.dims, self.sched
             p = MkParams()
