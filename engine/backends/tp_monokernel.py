@@ -143,12 +143,15 @@ def kernel_mode_kwargs(model, tp: int, tp_mode: str, tp_kernel_cls) -> dict:
     return {"mode": "delayed"}
 
 
+# Why the tensor-parallel backend runs no short prefill chunk as kernel steps (MonokernelBackend.prefill).
+KERNEL_PREFILL_OFF = "tensor-parallel: a kernel prefill would also copy K / V between the ranks; not measured"
+
+
 class TPMonokernelBackend(MonokernelBackend):
     name = "monokernel"        # what --backend asks for; describe() and stats() say tp
     supports_tp = True
 
-    # Prefill chunks stay on the graphs: a kernel prefill would also copy K / V between the ranks (not measured).
-    KERNEL_PREFILL = False
+    KERNEL_PREFILL = False   # prefill chunks stay on the graphs (KERNEL_PREFILL_OFF says why; stats and log too)
 
     @staticmethod
     def supported(config, device) -> tuple[bool, str]:
@@ -204,8 +207,9 @@ class TPMonokernelBackend(MonokernelBackend):
                       "exchange_wait_us": None, "exchange_wait_max_us": None, "exchange_wait_mean_us": None,
                       "kv_to_ranks_positions": 0, "kv_from_ranks_positions": 0,
                       "kv_copy_host_ms": 0.0,   # host time issuing the K/V copies (they run async)
-                      "kernel_prefill_max": 0}  # KERNEL_PREFILL: the graphs prefill every chunk
+                      "kernel_prefill_max": 0, "kernel_prefill": f"off ({KERNEL_PREFILL_OFF})"}
         self._xw_sum, self._xw_steps = 0.0, 0     # per-token exchange wait summed over launches, for the mean
+        log.info("tp monokernel: no kernel prefill of short chunks (%s)", KERNEL_PREFILL_OFF)
         lanes = getattr(kernel, "lanes", None)
         if lanes is not None:
             # A lane model: its reference forward prefills into the lane-major cache (no CUDA graphs for it).

@@ -269,6 +269,8 @@ def test_engine_decodes_through_the_ranks_and_copies_back(tp_engine):
     st = e.stats()["backend_stats"]
     assert st["tp"] == 2 and st["tp_mode"] == "exact" and st["exchange_wait_us"] == 2.0
     assert st["kv_to_ranks_positions"] == 20 and st["kv_from_ranks_positions"] == 8
+    # no short prefill chunk runs as kernel steps here, and the stats say why (KERNEL_PREFILL_OFF)
+    assert st["kernel_prefill_max"] == 0 and st["kernel_prefill"].startswith("off (tensor-parallel"), st
     # The launch clock (monokernel.py _LaunchClock): host launch cost, launch -> first token, token gaps, finish.
     clock = {k: st[k] for k in ("launch_host_us", "first_token_us", "token_interval_us", "finish_us")}
     assert all(v >= 0 for v in clock.values()) and b._clock_sums["token_interval_us"][1] == 7, clock
