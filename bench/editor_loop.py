@@ -403,7 +403,7 @@ def replay_engine(args, traces) -> dict:
 
             def work(e, cancel, ids=ids, stop_fn=stop_fn):
                 return e.complete(ids, max_new_tokens=args.max_tokens, sampling=sampling, stop_ids=stop_ids,
-                                  cancel=cancel, stop_fn=stop_fn)
+                                  cancel=cancel, stop_fn=stop_fn, heal=True)   # as kog_lsp/completer.py
             job = worker.submit(work, priority=eng.Priority.COMPLETION, key=f"completion:{uri}")
             finish(row, uri, seq, t_key, policy, line_after, after, before, job)
         # Let the last request of the file finish before the next file starts.
@@ -441,6 +441,8 @@ def replay_engine(args, traces) -> dict:
         "kernel_prefill": {k: s1["backend_stats"][k] for k in ("kernel_prefill_max", "kernel_prefills",
                                                                 "kernel_prefill_ms")
                            if k in s1.get("backend_stats", {})} or None,
+        # token healing as the server asks for it (engine/healing.py): requests, healed ones, prompt tokens removed
+        "healing": {k: s1["healing"][k] - s0["healing"].get(k, 0) for k in ("requests", "healed", "tokens_removed")},
         "generated_tokens_mean": (statistics.fmean([x for _, row in rows for x in row.gen_tokens])
                                   if any(row.gen_tokens for _, row in rows) else None),
         "note": (f"random weights: {args.max_tokens} tokens generated per request, no stop; every answer to the "
@@ -478,7 +480,7 @@ def report(args, traces, source, r: dict) -> dict:
         "goal_p50_ms": goal, "note": r.get("note"), "prefill_ms_p50": r.get("prefill_ms_p50"),
         "decode_ms_p50": r.get("decode_ms_p50"), "generated_tokens_mean": r.get("generated_tokens_mean"),
         "prompt_ms_p50": r.get("prompt_ms_p50"), "launch_clock_us": r.get("launch_clock_us"),
-        "kernel_prefill": r.get("kernel_prefill"),
+        "kernel_prefill": r.get("kernel_prefill"), "healing": r.get("healing"),
         "settings": json.loads(args.server_settings) if args.mode == "server" else None,
     }
     out["meets_goal"] = out["p50_ms"] is not None and out["p50_ms"] <= goal
@@ -494,6 +496,8 @@ def report(args, traces, source, r: dict) -> dict:
               f"{f(r['decode_ms_p50'])} ms, {f(r['generated_tokens_mean'])} tokens generated on average; "
               f"host prompt building p50 {f(r['prompt_ms_p50'])} ms (prompt token cache "
               f"{'on' if r['prompt_token_cache']['enabled'] else 'off: ' + str(r['prompt_token_cache']['reason'])})")
+    if r.get("healing"):
+        print("token healing: " + ", ".join(f"{k} {v}" for k, v in r["healing"].items()))
     if r.get("launch_clock_us"):
         print("kernel launches as the host sees them (means, us): " + ", ".join(
             f"{k} {v}" for k, v in r["launch_clock_us"].items()))
