@@ -1,18 +1,15 @@
-// Builds the real vscode-languageclient client: stdio transport, Python documents,
-// native inline completion (languageclient >= 10), and a middleware that drops
-// automatic requests while automatic suggestions are switched off.
+// Builds the real vscode-languageclient client: stdio transport, the documents of the
+// `kog.languages` selector, native inline completion (languageclient >= 10), and a
+// middleware that drops automatic requests while automatic suggestions are switched off.
 import { LanguageClient, LanguageClientOptions, ServerOptions, TransportKind } from 'vscode-languageclient/node';
 import type { ClientFactory, ClientLike } from './controller';
 import { inlineCompletionGate } from './middleware';
 
-export const createLanguageClient: ClientFactory = (launch, init, output, hooks): ClientLike => {
+export const createLanguageClient: ClientFactory = (launch, init, output, hooks, selector): ClientLike => {
   const exec = { command: launch.command, args: launch.args, transport: TransportKind.stdio };
   const serverOptions: ServerOptions = { run: exec, debug: exec };
   const clientOptions: LanguageClientOptions = {
-    documentSelector: [
-      { scheme: 'file', language: 'python' },
-      { scheme: 'untitled', language: 'python' },
-    ],
+    documentSelector: selector,
     initializationOptions: init,
     outputChannel: output,
     middleware: inlineCompletionGate(hooks),

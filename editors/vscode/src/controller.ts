@@ -2,7 +2,16 @@
 // the commands and the settings bridge. The client is built by an injected factory so
 // unit tests run this against a mocked `vscode` module and a fake client.
 import * as vscode from 'vscode';
-import { LaunchConfig, ServerSettings, launchConfig, needsRestart, serverSettings } from './settings';
+import {
+  DocumentFilter,
+  LaunchConfig,
+  ServerSettings,
+  documentSelector,
+  languages,
+  launchConfig,
+  needsRestart,
+  serverSettings,
+} from './settings';
 import { KogStats, KogStatus, formatStats, formatStatus } from './status';
 
 /** The slice of vscode-languageclient's LanguageClient the extension uses. */
@@ -24,6 +33,7 @@ export type ClientFactory = (
   init: ServerSettings,
   output: vscode.LogOutputChannel,
   hooks: ClientHooks,
+  selector: DocumentFilter[],
 ) => ClientLike;
 
 export const COMMANDS = {
@@ -36,6 +46,8 @@ export const COMMANDS = {
 export class KogController implements vscode.Disposable {
   private client: ClientLike | undefined;
   private clientSubs: vscode.Disposable[] = [];
+  /** Set while no document of a served language is open: starts the server on the first one. */
+  private waiting: vscode.Disposable | undefined;
   private readonly subs: vscode.Disposable[] = [];
   private readonly item: vscode.StatusBarItem;
   private readonly output: vscode.LogOutputChannel;
@@ -84,14 +96,45 @@ export class KogController implements vscode.Disposable {
     this.item.backgroundColor = view.error ? new vscode.ThemeColor('statusBarItem.errorBackground') : undefined;
   }
 
+  /**
+   * Starts the server now if a document of a served language (`kog.languages`) is open, else on the first one that
+   * opens: the extension activates at startup in every window, and a window without such documents never loads a
+   * model.
+   */
+  async startWhenNeeded(): Promise<void> {
+    this.waiting?.dispose();
+    this.waiting = undefined;
+    const selector = documentSelector(languages(this.config()));
+    const served = (d: vscode.TextDocument) => vscode.languages.match(selector, d) > 0;
+    if (vscode.workspace.textDocuments.some(served)) {
+      await this.start();
+      return;
+    }
+    const langs = languages(this.config());
+    this.setStatus({
+      state: 'stopped',
+      message: `starts with the first ${langs.includes('*') ? '' : langs.join(' / ') + ' '}document (kog.languages)`,
+    });
+    const sub = vscode.workspace.onDidOpenTextDocument((d) => {
+      if (this.waiting !== sub || !served(d)) return;
+      sub.dispose();
+      this.waiting = undefined;
+      return this.start();
+    });
+    this.waiting = sub;
+  }
+
   async start(): Promise<void> {
+    this.waiting?.dispose();
+    this.waiting = undefined;
     const cfg = this.config();
     const launch = launchConfig(cfg);
+    const selector = documentSelector(languages(cfg));
     this.output.appendLine(`starting: ${launch.command} ${launch.args.join(' ')}`);
     this.setStatus({ state: 'starting', message: 'starting kog-lsp' });
     const client = this.factory(launch, serverSettings(cfg), this.output, {
       automaticAllowed: () => this.automaticEnabled,
-    });
+    }, selector);
     this.client = client;
     this.clientSubs.push(
       client.onNotification('kog/status', (p: KogStatus) => {
@@ -158,7 +201,8 @@ export class KogController implements vscode.Disposable {
     if (!e.affectsConfiguration('kog')) return;
     if (needsRestart((s) => e.affectsConfiguration(s))) {
       this.output.appendLine('launch settings changed: restarting kog-lsp');
-      await this.restart();
+      await this.stop();
+      await this.startWhenNeeded();
       return;
     }
     this.render();
@@ -170,6 +214,8 @@ export class KogController implements vscode.Disposable {
   }
 
   async dispose(): Promise<void> {
+    this.waiting?.dispose();
+    this.waiting = undefined;
     await this.stop();
     this.subs.forEach((d) => d.dispose());
   }

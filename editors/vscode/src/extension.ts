@@ -1,4 +1,5 @@
-// Entry point: VS Code calls activate() on the first Python document.
+// Entry point: VS Code calls activate() once the window has started (onStartupFinished); the server itself starts
+// with the first document of a language in `kog.languages`.
 import * as vscode from 'vscode';
 import { ClientFactory, KogController } from './controller';
 
@@ -9,7 +10,7 @@ export async function activate(context: vscode.ExtensionContext, factory?: Clien
   const make: ClientFactory = factory ?? (require('./client') as typeof import('./client')).createLanguageClient;
   controller = new KogController(make);
   context.subscriptions.push(controller);
-  await controller.start();
+  await controller.startWhenNeeded();
   return controller;
 }
 

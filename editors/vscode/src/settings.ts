@@ -40,8 +40,17 @@ export const SERVER_DEFAULTS: ServerSettings = {
   reviewSeverity: 'information',
 };
 
-/** Settings that change how the process is started: a change restarts the server. */
-export const RESTART_KEYS = ['pythonPath', 'serverPath', 'model', 'device', 'backend', 'extraArgs'];
+/** Settings that change how the process is started or which documents it serves: a change restarts the server. */
+export const RESTART_KEYS = ['pythonPath', 'serverPath', 'model', 'device', 'backend', 'extraArgs', 'languages'];
+
+/** The languages served when `kog.languages` gives none: the shipped default model is a Python model. */
+export const DEFAULT_LANGUAGES = ['python'];
+
+/** A document filter as vscode-languageclient's documentSelector takes it. */
+export interface DocumentFilter {
+  scheme: string;
+  language?: string;
+}
 
 const MULTILINE = ['auto', 'always', 'never'];
 const SEVERITY = ['error', 'warning', 'information', 'hint'];
@@ -101,6 +110,25 @@ export function launchConfig(cfg: ConfigReader): LaunchConfig {
   const extra = cfg.get<string[]>('extraArgs', []);
   if (Array.isArray(extra)) args.push(...extra.filter((a) => typeof a === 'string'));
   return { command, args };
+}
+
+/**
+ * The VS Code language ids the client serves (`kog.languages`): trimmed, without duplicates or non-strings; `*`
+ * anywhere in the list means every language; an empty or invalid value means DEFAULT_LANGUAGES.
+ */
+export function languages(cfg: ConfigReader): string[] {
+  const v = cfg.get<unknown>('languages', DEFAULT_LANGUAGES);
+  const ids = Array.isArray(v) ? v.filter((x): x is string => typeof x === 'string').map((x) => x.trim()) : [];
+  const unique = [...new Set(ids.filter((x) => x.length > 0))];
+  if (unique.includes('*')) return ['*'];
+  return unique.length > 0 ? unique : [...DEFAULT_LANGUAGES];
+}
+
+/** Saved files and untitled buffers of those languages (every language for `*`). */
+export function documentSelector(langs: string[]): DocumentFilter[] {
+  const schemes = ['file', 'untitled'];
+  if (langs.includes('*')) return schemes.map((scheme) => ({ scheme }));
+  return langs.flatMap((language) => schemes.map((scheme) => ({ scheme, language })));
 }
 
 /** Whether a configuration change under `kog.` needs a server restart. */

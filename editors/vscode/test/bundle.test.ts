@@ -1,6 +1,6 @@
 // The esbuild bundle (what the .vsix ships) loads against the vscode API and activates;
 // the inline-completion gate lets invoked requests through and drops automatic ones when off.
-import { state, reset, InlineCompletionTriggerKind } from './vscode-mock';
+import { state, reset, hasDocument, InlineCompletionTriggerKind } from './vscode-mock';
 import { test } from 'node:test';
 import * as assert from 'node:assert/strict';
 import * as path from 'node:path';
@@ -8,6 +8,7 @@ import { inlineCompletionGate } from '../src/middleware';
 
 test('dist/extension.js exports activate/deactivate and activates with an injected client', async () => {
   reset();
+  hasDocument('python');
   const bundle = require(path.join(__dirname, '..', '..', 'dist', 'extension.js'));
   assert.equal(typeof bundle.activate, 'function');
   assert.equal(typeof bundle.deactivate, 'function');

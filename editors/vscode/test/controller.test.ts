@@ -1,11 +1,11 @@
 // Drives the extension (activate -> commands -> settings -> status) against the mocked
 // vscode module and a fake language client that records what it is sent.
-import { state, reset, changeSettings, InlineCompletionTriggerKind } from './vscode-mock';
+import { state, reset, changeSettings, hasDocument, openDocument, InlineCompletionTriggerKind } from './vscode-mock';
 import { test, beforeEach } from 'node:test';
 import * as assert from 'node:assert/strict';
 import { activate, deactivate } from '../src/extension';
 import { COMMANDS, ClientFactory, ClientHooks } from '../src/controller';
-import { LaunchConfig, ServerSettings } from '../src/settings';
+import { DocumentFilter, LaunchConfig, ServerSettings } from '../src/settings';
 
 class FakeClient {
   started = 0;
@@ -13,7 +13,8 @@ class FakeClient {
   handlers = new Map<string, (p: any) => void>();
   requests: { method: string; param: unknown }[] = [];
   notifications: { method: string; params: unknown }[] = [];
-  constructor(public launch: LaunchConfig, public init: ServerSettings, public hooks: ClientHooks, public failStart = false) {}
+  constructor(public launch: LaunchConfig, public init: ServerSettings, public hooks: ClientHooks,
+    public selector: DocumentFilter[], public failStart = false) {}
   async start() {
     this.started++;
     if (this.failStart) throw new Error('spawn python3 ENOENT');
@@ -36,8 +37,8 @@ class FakeClient {
 
 let clients: FakeClient[] = [];
 let failNext = false;
-const factory: ClientFactory = (launch, init, _out, hooks) => {
-  const c = new FakeClient(launch, init, hooks, failNext);
+const factory: ClientFactory = (launch, init, _out, hooks, selector) => {
+  const c = new FakeClient(launch, init, hooks, selector, failNext);
   failNext = false;
   clients.push(c);
   return c;
@@ -47,6 +48,7 @@ const context = () => ({ subscriptions: [] as { dispose(): unknown }[] }) as any
 beforeEach(async () => {
   await deactivate();
   reset({ 'kog.pythonPath': '/venv/bin/python', 'kog.device': 'cpu', 'kog.maxTokens': 32 });
+  hasDocument('python');   // the window has a Python file open when the extension activates
   clients = [];
 });
 
@@ -131,4 +133,48 @@ test('a server that does not start shows an error, not a silent failure', async 
   assert.equal(state.statusItems[0].backgroundColor.id, 'statusBarItem.errorBackground');
   assert.ok(state.messages.some((m) => m.level === 'error' && /ENOENT/.test(m.text)));
   await state.commands.get(COMMANDS.stats)!();
+});
+
+test('without a document of a served language the server waits for one', async () => {
+  reset({ 'kog.pythonPath': '/venv/bin/python' });
+  hasDocument('markdown');
+  await activate(context(), factory);
+  assert.equal(clients.length, 0);
+  assert.match(state.statusItems[0].text, /stopped/);
+  assert.match(state.statusItems[0].tooltip, /starts with the first python document/);
+  await openDocument('typescript');
+  assert.equal(clients.length, 0);
+  await openDocument('python', 'untitled');
+  assert.equal(clients.length, 1);
+  assert.equal(clients[0].started, 1);
+  assert.deepEqual(clients[0].selector, [{ scheme: 'file', language: 'python' }, { scheme: 'untitled', language: 'python' }]);
+  await openDocument('python');
+  assert.equal(clients.length, 1, 'one server per window');
+});
+
+test('kog.languages sets the documents served; "*" serves every language', async () => {
+  reset({ 'kog.languages': [' typescript', 'rust', 7, '', 'rust'] });
+  hasDocument('python');
+  await activate(context(), factory);
+  assert.equal(clients.length, 0, 'python is not in the list');
+  await openDocument('rust');
+  assert.equal(clients.length, 1);
+  assert.deepEqual(clients[0].selector.map((f) => `${f.scheme}:${f.language}`),
+    ['file:typescript', 'untitled:typescript', 'file:rust', 'untitled:rust']);
+  await changeSettings({ 'kog.languages': ['go', '*'] });
+  assert.equal(clients.length, 2, 'a new selector restarts the server');
+  assert.equal(clients[0].stopped, 1);
+  assert.deepEqual(clients[1].selector, [{ scheme: 'file' }, { scheme: 'untitled' }]);
+});
+
+test('a restart for a language list with no open document waits again', async () => {
+  await activate(context(), factory);
+  assert.equal(clients.length, 1);
+  await changeSettings({ 'kog.languages': ['haskell'] });
+  assert.equal(clients[0].stopped, 1);
+  assert.equal(clients.length, 1);
+  assert.match(state.statusItems[0].tooltip, /haskell/);
+  await openDocument('haskell');
+  assert.equal(clients.length, 2);
+  assert.equal(clients[1].started, 1);
 });

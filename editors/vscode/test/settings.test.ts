@@ -1,6 +1,10 @@
 import { test } from 'node:test';
+import { readFileSync } from 'node:fs';
+import { join } from 'node:path';
 import * as assert from 'node:assert/strict';
-import { ConfigReader, SERVER_DEFAULTS, launchConfig, needsRestart, serverSettings } from '../src/settings';
+import {
+  ConfigReader, DEFAULT_LANGUAGES, SERVER_DEFAULTS, documentSelector, languages, launchConfig, needsRestart, serverSettings,
+} from '../src/settings';
 
 function reader(values: Record<string, unknown>): ConfigReader {
   return { get: <T>(k: string, d: T): T => (k in values ? (values[k] as T) : d) };
@@ -46,5 +50,25 @@ test('serverPath replaces the interpreter; bad enums fall back; extra args are a
 test('only launch settings need a restart', () => {
   assert.equal(needsRestart((s) => s === 'kog.model'), true);
   assert.equal(needsRestart((s) => s === 'kog.device'), true);
+  assert.equal(needsRestart((s) => s === 'kog.languages'), true);
   assert.equal(needsRestart((s) => s === 'kog.maxTokens'), false);
+});
+
+test('languages: trimmed, deduplicated, strings only; "*" wins; nothing valid means the default', () => {
+  assert.deepEqual(languages(reader({})), DEFAULT_LANGUAGES);
+  assert.deepEqual(languages(reader({ languages: [' rust ', 'go', 'rust', 3, ''] })), ['rust', 'go']);
+  assert.deepEqual(languages(reader({ languages: ['go', '*'] })), ['*']);
+  assert.deepEqual(languages(reader({ languages: [] })), DEFAULT_LANGUAGES);
+  assert.deepEqual(languages(reader({ languages: 'python' })), DEFAULT_LANGUAGES);
+  assert.deepEqual(documentSelector(['go']), [{ scheme: 'file', language: 'go' }, { scheme: 'untitled', language: 'go' }]);
+  assert.deepEqual(documentSelector(['*']), [{ scheme: 'file' }, { scheme: 'untitled' }]);
+});
+
+test('package.json declares every setting with the defaults the code falls back to', () => {
+  const pkg = JSON.parse(readFileSync(join(__dirname, '..', '..', 'package.json'), 'utf8'));
+  const props = pkg.contributes.configuration.properties;
+  for (const [k, v] of Object.entries(SERVER_DEFAULTS)) assert.deepEqual(props[`kog.${k}`].default, v, k);
+  assert.deepEqual(props['kog.languages'].default, DEFAULT_LANGUAGES);
+  // activation at startup: the server itself waits for a document of a served language (KogController.startWhenNeeded)
+  assert.deepEqual(pkg.activationEvents, ['onStartupFinished']);
 });

@@ -34,7 +34,39 @@ export const state = {
   statusItems: [] as Record<string, any>[],
   outputLines: [] as string[],
   configEvents: new EventEmitter<{ affectsConfiguration(s: string): boolean }>(),
+  /** workspace.textDocuments; openDocument() adds one and fires onDidOpenTextDocument. */
+  textDocuments: [] as MockDocument[],
+  openEvents: new EventEmitter<MockDocument>(),
 };
+
+export interface MockDocument {
+  uri: { scheme: string; toString(): string };
+  languageId: string;
+}
+
+function mockDocument(languageId: string, scheme: string): MockDocument {
+  const n = state.textDocuments.length;
+  return { uri: { scheme, toString: () => `${scheme}:/doc${n}` }, languageId };
+}
+
+/** A document VS Code already had open when the extension activated. */
+export function hasDocument(languageId: string, scheme = 'file'): void {
+  state.textDocuments.push(mockDocument(languageId, scheme));
+}
+
+/** Opens a document the way the editor does: listed, then onDidOpenTextDocument. */
+export async function openDocument(languageId: string, scheme = 'file'): Promise<void> {
+  const d = mockDocument(languageId, scheme);
+  state.textDocuments.push(d);
+  await state.openEvents.fire(d);
+}
+
+/** vscode.languages.match for filters {scheme, language?}: 10 for a match, else 0 (a score, as VS Code's). */
+function match(selector: { scheme?: string; language?: string }[], d: MockDocument): number {
+  const hit = selector.some((f) => (f.scheme === undefined || f.scheme === d.uri.scheme) &&
+    (f.language === undefined || f.language === d.languageId));
+  return hit ? 10 : 0;
+}
 
 export function reset(settings: Record<string, unknown> = {}): void {
   state.settings = { ...settings };
@@ -46,6 +78,8 @@ export function reset(settings: Record<string, unknown> = {}): void {
   state.statusItems.length = 0;
   state.outputLines.length = 0;
   state.configEvents = new EventEmitter();
+  state.textDocuments = [];
+  state.openEvents = new EventEmitter();
 }
 
 /** Changes settings the way the Settings UI would: store, then fire the change event. */
@@ -80,6 +114,10 @@ export const vscodeMock = {
   workspace: {
     getConfiguration: configuration,
     onDidChangeConfiguration: (l: Listener<any>) => state.configEvents.event(l),
+    get textDocuments() {
+      return state.textDocuments;
+    },
+    onDidOpenTextDocument: (l: Listener<MockDocument>) => state.openEvents.event(l),
     openTextDocument: async (opts: { language?: string; content?: string }) => {
       state.documents.push(opts);
       return { uri: `untitled:${state.documents.length}`, ...opts };
@@ -116,6 +154,7 @@ export const vscodeMock = {
       return fn ? fn(...args) : undefined;
     },
   },
+  languages: { match },
   Disposable: { from: disposable },
 };
 
