@@ -15,7 +15,7 @@ local defaults = {
   device = 'auto',
   backend = 'auto',
   extra_args = {},
-  filetypes = { 'python' },
+  filetypes = { 'python' }, -- filetypes served; '*': every file buffer (other languages need a bigger model)
   root_dir = nil, -- default: the current working directory
   settings = {}, -- server settings (docs: enable, debounceMs, maxTokens, multiline, ...)
   ghost = 'auto', -- 'auto' (native on 0.12+), 'native', 'extmark'
@@ -123,6 +123,19 @@ local function lsp_config()
 end
 
 --- Attach the kog server to `buf` (starting it if needed).
+-- Whether buffer `buf` gets the server: its filetype is in config.filetypes, or the list holds '*' and it is a file
+-- buffer (buftype ''; not help, quickfix, terminal or prompt buffers, which have filetypes too).
+function M.serves(buf)
+  local ft = vim.bo[buf].filetype
+  if ft == '' then
+    return false
+  end
+  if vim.tbl_contains(M.config.filetypes, ft) then
+    return true
+  end
+  return vim.tbl_contains(M.config.filetypes, '*') and vim.bo[buf].buftype == ''
+end
+
 function M.attach(buf)
   buf = (buf == nil or buf == 0) and vim.api.nvim_get_current_buf() or buf
   if vim.lsp.start then
@@ -352,7 +365,9 @@ function M.setup(opts)
     group = group,
     pattern = M.config.filetypes,
     callback = function(ev)
-      M.attach(ev.buf)
+      if M.serves(ev.buf) then
+        M.attach(ev.buf)
+      end
     end,
   })
   if not M.use_native() then
@@ -399,7 +414,7 @@ function M.setup(opts)
 
   -- Buffers that were already open before setup().
   for _, buf in ipairs(vim.api.nvim_list_bufs()) do
-    if vim.api.nvim_buf_is_loaded(buf) and vim.tbl_contains(M.config.filetypes, vim.bo[buf].filetype) then
+    if vim.api.nvim_buf_is_loaded(buf) and M.serves(buf) then
       M.attach(buf)
     end
   end
