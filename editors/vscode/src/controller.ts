@@ -112,7 +112,7 @@ export class KogController implements vscode.Disposable {
     }
     const langs = languages(this.config());
     this.setStatus({
-      state: 'stopped',
+      state: 'idle',
       message: `starts with the first ${langs.includes('*') ? '' : langs.join(' / ') + ' '}document (kog.languages)`,
     });
     const sub = vscode.workspace.onDidOpenTextDocument((d) => {

@@ -1,7 +1,8 @@
 // Pure formatting of the kog/status notification and the kog/stats result
 // (docs/interfaces.md, "Custom protocol") for the status bar and the stats view.
 
-export type ServerState = 'loading' | 'ready' | 'busy' | 'error' | 'stopped' | 'starting';
+// idle: no document of a served language is open yet, so the server has not started (KogController.startWhenNeeded).
+export type ServerState = 'loading' | 'ready' | 'busy' | 'error' | 'stopped' | 'starting' | 'idle';
 
 export interface KogStatus {
   state: ServerState;
@@ -37,6 +38,7 @@ const ICONS: Record<string, string> = {
   ready: '$(sparkle)',
   error: '$(error)',
   stopped: '$(circle-slash)',
+  idle: '$(circle-outline)',
 };
 
 function num(v: unknown): v is number {

@@ -140,7 +140,7 @@ test('without a document of a served language the server waits for one', async (
   hasDocument('markdown');
   await activate(context(), factory);
   assert.equal(clients.length, 0);
-  assert.match(state.statusItems[0].text, /stopped/);
+  assert.equal(state.statusItems[0].text, '$(circle-outline) kog · idle');
   assert.match(state.statusItems[0].tooltip, /starts with the first python document/);
   await openDocument('typescript');
   assert.equal(clients.length, 0);
