@@ -104,13 +104,13 @@ export class KogController implements vscode.Disposable {
   async startWhenNeeded(): Promise<void> {
     this.waiting?.dispose();
     this.waiting = undefined;
-    const selector = documentSelector(languages(this.config()));
+    const langs = languages(this.config());
+    const selector = documentSelector(langs);
     const served = (d: vscode.TextDocument) => vscode.languages.match(selector, d) > 0;
     if (vscode.workspace.textDocuments.some(served)) {
       await this.start();
       return;
     }
-    const langs = languages(this.config());
     this.setStatus({
       state: 'idle',
       message: `starts with the first ${langs.includes('*') ? '' : langs.join(' / ') + ' '}document (kog.languages)`,
