@@ -68,6 +68,12 @@ _EXT_LANG = {".py": "python", ".pyi": "python", ".c": "c", ".h": "c", ".cc": "cp
              ".yml": "yaml", ".toml": "toml", ".kt": "kotlin", ".swift": "swift", ".cs": "csharp", ".php": "php"}
 
 
+# Prose and data rather than code: review (the model's surprise at a token) flags wording and values there, not bugs, so
+# it skips these languages; completions still run in them.
+PROSE_LANGUAGES = frozenset({"markdown", "plaintext", "text", "restructuredtext", "asciidoc", "latex", "tex", "bibtex",
+                             "git-commit", "git-rebase", "log", "csv", "tsv", "json", "jsonc", "jsonl"})
+
+
 def language_of(uri: str, language_id: str | None = None) -> str:
     """Language id from the client (didOpen) or, failing that, from the file extension."""
     if language_id:

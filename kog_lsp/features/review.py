@@ -18,7 +18,7 @@ import time
 from lsprotocol import types
 
 from kog_lsp.review import ReviewCancelled, ReviewOptions, WindowedScorer, review_document, to_diagnostics
-from kog_lsp.textmap import language_of
+from kog_lsp.textmap import PROSE_LANGUAGES, language_of
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,8 @@ class ReviewService:
         self._tasks: dict[str, asyncio.Task] = {}  # uri -> debounce+review task (newest wins)
         self._results: dict[str, tuple[int | None, list[types.Diagnostic]]] = {}  # uri -> (version, diagnostics)
         self._updated: dict[str, asyncio.Event] = {}
-        self.counters = {"reviews": 0, "cancelled": 0, "failed": 0, "skipped_large": 0, "findings": 0, "last_ms": None}
+        self.counters = {"reviews": 0, "cancelled": 0, "failed": 0, "skipped_large": 0, "skipped_prose": 0,
+                         "findings": 0, "last_ms": None}
 
     # ---- client capabilities ----
     def _pull_client(self) -> bool:
@@ -97,10 +98,15 @@ class ReviewService:
             return
         text, version, encoding = doc.source, doc.version, doc.encoding
         language = language_of(uri, getattr(doc, "language_id", None))
+        if language in PROSE_LANGUAGES:
+            log.debug("review of %s skipped: %s is prose or data, not code", uri, language)
+            self.counters["skipped_prose"] += 1
+            self._settle_empty(uri, version)
+            return
         if len(text) > REVIEW_MAX_CHARS:
             log.info("review of %s skipped: %d characters (limit %d)", uri, len(text), REVIEW_MAX_CHARS)
             self.counters["skipped_large"] += 1
-            self._results[uri] = (version, [])
+            self._settle_empty(uri, version)
             return
 
         def work(engine, cancel):
@@ -124,7 +130,7 @@ class ReviewService:
         except Exception:
             self.counters["failed"] += 1
             log.exception("review of %s (version %s) failed", uri, version)
-            self._results[uri] = (version, [])   # settled: a pull must not reschedule the same failure forever
+            self._settle_empty(uri, version)   # settled: a pull must not reschedule the same failure forever
             return
         self.counters["reviews"] += 1
         self.counters["last_ms"] = round((time.perf_counter() - t0) * 1000.0, 1)
@@ -138,6 +144,13 @@ class ReviewService:
         self._publish(uri, version, diags)
 
     # ---- delivery ----
+    def _settle_empty(self, uri: str, version: int | None) -> None:
+        """This version has no findings without a review (skipped or failed); an earlier version's are withdrawn."""
+        had = self._results.get(uri)
+        self._results[uri] = (version, [])
+        if had is not None and had[1]:
+            self._publish(uri, version, [])
+
     def _publish(self, uri: str, version: int | None, diags: list[types.Diagnostic]) -> None:
         if self._pull_client():
             if self._refresh_supported():

@@ -92,9 +92,9 @@ async def pull_client(oracle_dir):
     await c.stop()
 
 
-def _open(client, text, version=1, uri=URI):
+def _open(client, text, version=1, uri=URI, language_id="python"):
     client.text_document_did_open(types.DidOpenTextDocumentParams(text_document=types.TextDocumentItem(
-        uri=uri, language_id="python", version=version, text=text)))
+        uri=uri, language_id=language_id, version=version, text=text)))
 
 
 def _change(client, text, version, uri=URI):
@@ -145,6 +145,30 @@ async def test_push_diagnostic_for_injected_bug_and_quick_fix(client):
     # The fixed single token makes the line read like the clean code; after the edit review rescored.
     _change(client, CLEAN, 2)
     await _diagnostics(client, URI, lambda d: len(d) == 0)
+
+
+async def test_prose_and_data_documents_are_not_reviewed(client):
+    # The same buggy text as a Markdown document: review skips it (prose), while the Python copy is flagged.
+    md = "file:///work/notes.md"
+    _open(client, BUGGY, uri=md, language_id="markdown")
+    _open(client, BUGGY)
+    await _diagnostics(client, URI, lambda d: len(d) > 0)
+    deadline = time.monotonic() + 10.0
+    while (await client.protocol.send_request_async("kog/stats", {})).review.skipped_prose < 1:
+        assert time.monotonic() < deadline, "the Markdown document was never skipped"
+        await asyncio.sleep(0.05)
+    assert not client.diagnostics.get(md)
+
+
+async def test_findings_are_withdrawn_when_a_version_is_not_reviewed(client):
+    # Flagged, then edited past the size review takes: the new version is skipped, and the old findings must not stay.
+    from kog_lsp.features.review import REVIEW_MAX_CHARS
+    _open(client, BUGGY)
+    await _diagnostics(client, URI, lambda d: len(d) > 0)
+    _change(client, BUGGY + "#" * REVIEW_MAX_CHARS + "\n", 2)
+    await _diagnostics(client, URI, lambda d: len(d) == 0, timeout=20.0)
+    stats = await client.protocol.send_request_async("kog/stats", {})
+    assert stats.review.skipped_large == 1
 
 
 async def test_closing_a_document_withdraws_its_findings(client):
