@@ -32,6 +32,7 @@
 #include "mk_vendor.h"
 #include "mk_isa.h"
 #include "probe_bulk.h"
+#include "probe_launch.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -200,17 +201,7 @@ struct Cfg { int mode, bg; bool self; int cs, ncc, eo = 8; };
 
 // A launch of `grid` CTAs (NT threads, SMEM_DYN bytes) in clusters of cs; `at` holds the attribute cfg points to.
 static cudaLaunchConfig_t cluster_config(int grid, int cs, cudaLaunchAttribute& at) {
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(NT);
-    cfg.dynamicSmemBytes = SMEM_DYN;
-    at.id = cudaLaunchAttributeClusterDimension;
-    at.val.clusterDim.x = cs;
-    at.val.clusterDim.y = 1;
-    at.val.clusterDim.z = 1;
-    cfg.attrs = &at;
-    cfg.numAttrs = 1;
-    return cfg;
+    return probe_cluster_config(grid, NT, SMEM_DYN, cs, at);
 }
 
 int main() {

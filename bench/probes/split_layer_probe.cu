@@ -37,6 +37,7 @@
 #include "mk_vendor.h"
 #include "mk_isa.h"
 #include "probe_bulk.h"
+#include "probe_launch.h"
 
 #include <cstdio>
 #include <string>
@@ -278,17 +279,8 @@ int main() {
     const size_t smem = MLP_STASH;
     cudaFuncSetAttribute(probe, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     cudaFuncSetAttribute(probe, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3(GRID);
-    cfg.blockDim = dim3(NT);
-    cfg.dynamicSmemBytes = smem;
     cudaLaunchAttribute at;
-    at.id = cudaLaunchAttributeClusterDimension;
-    at.val.clusterDim.x = CS;
-    at.val.clusterDim.y = 1;
-    at.val.clusterDim.z = 1;
-    cfg.attrs = &at;
-    cfg.numAttrs = 1;
+    const cudaLaunchConfig_t cfg = probe_cluster_config(GRID, NT, smem, CS, at);
     int clusters = 0;
     cudaOccupancyMaxActiveClusters(&clusters, (void*)probe, &cfg);
     printf("co-resident clusters of %d at %zu B dynamic shared memory: %d (need %d)\n", CS, smem, clusters, NCL);
