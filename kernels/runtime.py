@@ -177,7 +177,7 @@ class Monokernel:
             self._init(model, k_cache, v_cache, max_steps, n_sm, sched, tp_build, fused_mlp, attn_cluster,
                        n_splits, kv_stage_cap, side, qkv_parts, kv_apart, mlp_pairs, mlp_weights)
             self._init_lm_screen(lm_screen, tp_build)
-            self._init_long_lib(long_lib)
+            self.set_long_lib(long_lib)
 
     def _init_lm_screen(self, want: bool | None, tp_build: bool) -> None:
         """The screened LM head's tables, or why it is off (self.lm_screen_off: None when it can run)."""
@@ -208,8 +208,10 @@ class Monokernel:
         self.lm_mode = "exact" if why is None else f"exact ({why})"
         self._lm_logged: set[str] = set()
 
-    def _init_long_lib(self, want: bool | None) -> None:
-        """The long-context library (see __init__ long_lib), or why it is off (self.long_lib_off: None when on)."""
+    def set_long_lib(self, want: bool | None) -> None:
+        """The long-context library (see __init__ long_lib), or why it is off (self.long_lib_off: None when on);
+        also after construction (the engine's backend turns it on only where its plain launch cannot take the
+        launches that restage)."""
         self.lib_long: ctypes.CDLL | None = None
         self.long_launches = 0
         lib, failed = None, False

@@ -134,8 +134,6 @@ class MonokernelBackend(Backend):
         self.stats["kv_apart"] = self.mk.sched.kv_apart     # their k / v rows on the CTAs without attention
         self.stats["mlp_pairs"] = self.mk.sched.mlp_pairs   # cluster ranks 2k / 2k + 1 share the MLP's adds
         self.stats["mlp_weights"] = list(self.mk.sched.mlp_weights)   # MLP rows of free / side CTAs (1: the parts')
-        # the long-context library (launches with more than one staged K / V chunk per split): "on" or why not
-        self.stats["long_lib"] = "on" if self.mk.lib_long is not None else f"off ({self.mk.long_lib_off})"
         # K / V positions staged per chunk, and whether that staging left the L1 its share (kernels/runtime.py
         # L1_KEEP_CARVEOUT; False: fewer than 128 positions fit within it, the log line says so too)
         self.stats["stage_positions"] = self.mk.stage_capacity
@@ -159,8 +157,8 @@ class MonokernelBackend(Backend):
         from kernels.schedule import Dims, attn_cluster_model
         cluster = attn_cluster_model(Dims.of(model.cfg))
         if cluster:
-            try:
-                return Monokernel(model, cache.k, cache.v, max_steps=max_steps, attn_cluster=cluster)
+            try:   # no long-context library yet: _long_kernel decides what runs the launches that restage
+                return Monokernel(model, cache.k, cache.v, max_steps=max_steps, attn_cluster=cluster, long_lib=False)
             except Exception as e:   # noqa: BLE001 - any failure of the fast path: say why, run the plain launch
                 why = f"{type(e).__name__}: {e}"
                 self.stats["attn_cluster_fallback"] = why
@@ -171,12 +169,17 @@ class MonokernelBackend(Backend):
         """Next to a cluster launch, the plain launch for the launches where the clusters would restage K / V
         (Monokernel.restages: a kv head's positions over 16 ranks per part there, over up to 64 CTAs in the plain
         launch, each with all of the head's q heads). stats["long_launch"] says whether it runs and why not; none is
-        made where the clusters stage every split in one chunk up to the cache's last position."""
+        made where the clusters stage every split in one chunk up to the cache's last position. Where the plain
+        launch cannot be made, the clusters take those launches with their long-context library (Monokernel
+        long_lib, where it loads), which nothing else needs: it is not built otherwise."""
+        # stats["long_lib"]: whether the cluster launch restages K / V with its long-context library, or why not
         if not self.mk.attn_cluster:
+            self.stats["long_lib"] = f"off ({self.mk.long_lib_off})"
             return None
         max_len = cache.k.shape[3]
         if not self.mk.restages(max_len - 1, 1):
             self.stats["long_launch"] = f"not needed (the clusters stage all {max_len} cache positions without restaging)"
+            self.stats["long_lib"] = "off (no launch restages within the cache)"
             return None
         from kernels.runtime import Monokernel
         try:
@@ -184,9 +187,13 @@ class MonokernelBackend(Backend):
         except Exception as e:   # noqa: BLE001 - any failure of the long-context launch: say why, keep the clusters
             why = f"{type(e).__name__}: {e}"
             self.stats["long_launch"] = f"off ({why})"
-            log.warning("monokernel: no plain launch for long contexts (%s); the clusters run every launch", why)
+            self.mk.set_long_lib(None)
+            self.stats["long_lib"] = "on" if self.mk.lib_long is not None else f"off ({self.mk.long_lib_off})"
+            log.warning("monokernel: no plain launch for long contexts (%s); the clusters run every launch (long-context "
+                        "library %s)", why, self.stats["long_lib"])
             return None
         self.stats["long_launch"] = "plain where the clusters restage"
+        self.stats["long_lib"] = "off (the plain launch takes the launches that restage)"
         self.stats["plain_long_launches"] = 0
         return mk
 

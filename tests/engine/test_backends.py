@@ -113,12 +113,12 @@ class _FakeKernel:
     fail_plain = False
     made: list = []
 
-    def __init__(self, model, k, v, max_steps=4096, attn_cluster=0):
+    def __init__(self, model, k, v, max_steps=4096, attn_cluster=0, long_lib=None):
         if attn_cluster and self.fail_clusters:
             raise RuntimeError("cluster occupancy: only 7 clusters resident")
         if not attn_cluster and self.fail_plain:
             raise RuntimeError("out of memory")
-        self.attn_cluster = attn_cluster
+        self.attn_cluster, self.long_lib = attn_cluster, long_lib
         _FakeKernel.made.append(attn_cluster)
 
 
@@ -146,6 +146,8 @@ def test_monokernel_cluster_launch_choice_and_fallback(monkeypatch, caplog, name
     else:
         assert mk.attn_cluster == cluster and _FakeKernel.made == [cluster]
         assert "attn_cluster_fallback" not in be.stats and not caplog.records
+    # the cluster launch is made without its long-context library (_long_kernel asks for it only where needed)
+    assert mk.long_lib is (False if mk.attn_cluster else None)
 
 
 def test_monokernel_side_launch_fallbacks_reach_the_stats():
@@ -179,23 +181,37 @@ def test_long_contexts_run_the_plain_launch_next_to_the_clusters(monkeypatch, ca
     monkeypatch.setattr(_FakeKernel, "made", [])
     be = object.__new__(MonokernelBackend)
     be.stats = {}
-    be.mk = types.SimpleNamespace(attn_cluster=cluster, restages=lambda pos, n: pos + n > 2200)
+    asked = []   # set_long_lib calls: the cluster launch's long-context library, asked for only without a plain launch
+
+    def set_long_lib(want):
+        asked.append(want)
+        be.mk.lib_long, be.mk.long_lib_off = "long-context library", None
+
+    be.mk = types.SimpleNamespace(attn_cluster=cluster, restages=lambda pos, n: pos + n > 2200, lib_long=None,
+                                  long_lib_off="long_lib=False" if cluster else "no cluster launch",
+                                  set_long_lib=set_long_lib)
     cache = types.SimpleNamespace(k=torch.empty(1, 1, 1, max_len, 0), v=None)
     with caplog.at_level(logging.WARNING, logger="engine"):
         be.mk_long = be._long_kernel(types.SimpleNamespace(), cache, 64)
     assert be._pick(0, 64) is be.mk and be._pick(2100, 100) is be.mk
     if cluster and max_len <= 2200:
         assert be.mk_long is None and _FakeKernel.made == [] and not caplog.records
-        assert be.stats == {"long_launch": "not needed (the clusters stage all 2200 cache positions without restaging)"}
+        assert be.stats == {"long_launch": "not needed (the clusters stage all 2200 cache positions without restaging)",
+                            "long_lib": "off (no launch restages within the cache)"}
+        assert asked == []
     elif cluster and not fail:
         assert be.mk_long.attn_cluster == 0 and _FakeKernel.made == [0]
         assert be.stats["long_launch"] == "plain where the clusters restage" and not caplog.records
+        assert be.stats["long_lib"] == "off (the plain launch takes the launches that restage)" and asked == []
         assert be._pick(2100, 101) is be.mk_long and be._pick(5000, 1) is be.mk_long
         assert be.stats["plain_long_launches"] == 2
     elif cluster:
         assert be.mk_long is None and be.stats["long_launch"] == "off (RuntimeError: out of memory)"
-        assert any("no plain launch for long contexts" in r.getMessage() for r in caplog.records)
+        # without a plain launch the clusters take the long launches with their long-context library
+        assert asked == [None] and be.stats["long_lib"] == "on"
+        assert any("no plain launch for long contexts" in r.getMessage() and "library on" in r.getMessage()
+                   for r in caplog.records)
         assert be._pick(5000, 1) is be.mk
     else:
-        assert be.mk_long is None and _FakeKernel.made == [] and be.stats == {}
-        assert be._pick(5000, 1) is be.mk
+        assert be.mk_long is None and _FakeKernel.made == [] and be.stats == {"long_lib": "off (no cluster launch)"}
+        assert asked == [] and be._pick(5000, 1) is be.mk
