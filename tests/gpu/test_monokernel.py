@@ -275,6 +275,9 @@ def test_engine_end_to_end(tmp_path):
     free, side = MLP_WEIGHTS
     assert eng.stats()["backend_stats"]["mlp_weights"] == [free, side], eng.stats()
     assert f"MLP rows {free:g} / {side:g} on the free / side CTAs" in eng.stats()["backend_detail"]
+    # a 512-position cache: no launch restages, so neither the plain launch nor the long-context library is made
+    assert eng.stats()["backend_stats"]["long_lib"] == "off (no launch restages within the cache)", eng.stats()
+    assert eng.backend.mk_long is None and eng.backend.mk.lib_long is None
     prompt = list(range(10, 40))
     res = eng.complete(prompt, max_new_tokens=40, stop_ids=frozenset())
     assert len(res.token_ids) == 40
@@ -301,6 +304,8 @@ def test_engine_long_context_runs_the_plain_launch(tmp_path):
     be = eng.backend
     assert be.mk.attn_cluster == 16 and be.mk_long is not None and be.mk_long.attn_cluster == 0, eng.stats()
     assert eng.stats()["backend_stats"]["long_launch"] == "plain where the clusters restage"
+    # the cluster launch's long-context library is neither built nor loaded: the plain launch takes its launches
+    assert eng.stats()["backend_stats"]["long_lib"].startswith("off (the plain launch") and be.mk.lib_long is None
     first = next(p for p in range(256, ML, 256) if be.mk.restages(p, 1))
     print(f"\nthe tiny model's clusters restage from ~{first} positions ({be.mk.kv_stage_pos} staged per chunk)")
     assert first + 64 < ML - 32
