@@ -2,6 +2,27 @@
 // Included by monokernel.cu only (one translation unit); relies on its includes and defines.
 #pragma once
 
+// Element (k, j) of a screen batch (4 rows x 2 chunks) in the matvec's register set w[2][U].
+#define LM8_W(w, k, j) w[(2 * (k) + (j)) / U][(2 * (k) + (j)) % U]
+static_assert(2 * U == 8, "a screen batch is 8 chunks: the matvec's one register set");
+
+// Batch bi of the screen's loop (rows 4 rq .. 4 rq + 3, chunk group g of ipr per row) of rows [row0, row0 + R).
+MK_DEV void lm8_load(const signed char* q8, int row0, int R, int K, int bi, uint4 (&w)[2][U]) {
+    const int lane = threadIdx.x & 31, nch = K >> 4, ipr = (nch + 63) >> 6;
+    int g;
+    const int rq = divmod_small(bi, ipr, g);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        const int r = 4 * rq + k;
+        const signed char* row = q8 + (size_t)(row0 + min(r, R - 1)) * K;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            const int c = g * 64 + j * 32 + lane;
+            LM8_W(w, k, j) = r < R && c < nch ? mk_ld_stream16(row + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
+        }
+    }
+}
+
 // The bound on |approximate - exact logit| of a row (lm_screen.py): nx c + ex d, where nx, ex already carry their
 // slack, plus 2^-20 |a| for the rounding of a -/+ the bound itself.
 MK_DEV float lm8_bound(float a, float nx, float c, float ex, float d) {
@@ -16,9 +37,11 @@ MK_DEV float lm8_bound(float a, float nx, float c, float ex, float d) {
 // token, as in the exact head). q8 / scale / cc / cd: the int8 copy and its per-row factors (kernels/lm_screen.py
 // quantize); lmw: the bf16 LM head; st: the attention staging region, free here (runtime.Monokernel checks it
 // holds lm_screen.staging_floats). More than MK_LM_CAND_MAX candidates: every row exactly, and *over = 1.
+// w / pre: the matvec's register set, holding this warp's first batch when pre (lm8_load before the instruction's
+// wait, so those loads are in flight through the wait, the final norm and x's quantization).
 MK_DEV void lm_screen(const signed char* q8, const float* scale, const float* cc, const float* cd, const mk_bf16* lmw,
                       int row0, int R, int K, float T, unsigned long long seed, int step, const float* sv, float* red,
-                      float* out, float* st, float* scr, int* over) {
+                      float* out, float* st, float* scr, int* over, uint4 (&w)[2][U], bool pre) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     float* gum = st + 3 * R;
     int* cand = (int*)(st + 4 * R);
@@ -46,9 +69,14 @@ MK_DEV void lm_screen(const signed char* q8, const float* scale, const float* cc
         ss = sum_sq4(ss, v);
         es = sum_sq4(es, make_float4(v.x - sc * a, v.y - sc * b, v.z - sc * c, v.w - sc * d));
     }
-    const float nx = sqrtf(block_sum(ss, scr)) * 1.001953125f;   // NORM_SLACK
-    float ex = (sqrtf(block_sum(es, scr)) + nx * 9.5367431640625e-7f) * 1.001953125f;   // syncs: qx, sxc are in
-    ex += (float)((K >> 4) + 3) * 5.9604645e-8f * (nx + ex) * 1.001953125f;
+    // the warps' partial sums now, their totals after the loop (x's norms are needed only by the bounds)
+    ss = warp_sum(ss);
+    es = warp_sum(es);
+    if (lane == 0) {
+        scr[warp] = ss;
+        scr[NW + warp] = es;
+    }
+    __syncthreads();   // qx, sxc and the partial sums are in
     // Batches of four rows x 32 lanes x two 16-byte chunks (the bf16 matvec's bytes per batch; ipr chunk groups
     // per row when K > 1024), one set of registers: a warp's next loads follow its products.
     const int nch = K >> 4, ipr = (nch + 63) >> 6, nb = ((R + 3) >> 2) * ipr;
@@ -56,17 +84,7 @@ MK_DEV void lm_screen(const signed char* q8, const float* scale, const float* cc
     for (int bi = warp; bi < nb; bi += NW) {
         int g;
         const int rq = divmod_small(bi, ipr, g);
-        uint4 w[4][2];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-            const int r = 4 * rq + k;
-            const signed char* row = q8 + (size_t)(row0 + min(r, R - 1)) * K;
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                const int c = g * 64 + j * 32 + lane;
-                w[k][j] = r < R && c < nch ? mk_ld_stream16(row + (size_t)c * 16) : make_uint4(0, 0, 0, 0);
-            }
-        }
+        if (!pre || bi != warp) lm8_load(q8, row0, R, K, bi, w);   // pre: the first batch is in w already
         float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
@@ -75,10 +93,11 @@ MK_DEV void lm_screen(const signed char* q8, const float* scale, const float* cc
             const float sc = sxc[c];
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
-                int q = __dp4a((int)w[k][j].x, (int)a.x, 0);   // exact: |q| <= 16 x 127^2
-                q = __dp4a((int)w[k][j].y, (int)a.y, q);
-                q = __dp4a((int)w[k][j].z, (int)a.z, q);
-                q = __dp4a((int)w[k][j].w, (int)a.w, q);
+                const uint4 wk = LM8_W(w, k, j);
+                int q = __dp4a((int)wk.x, (int)a.x, 0);   // exact: |q| <= 16 x 127^2
+                q = __dp4a((int)wk.y, (int)a.y, q);
+                q = __dp4a((int)wk.z, (int)a.z, q);
+                q = __dp4a((int)wk.w, (int)a.w, q);
                 acc[k] = fmaf((float)q, sc, acc[k]);
             }
         }
@@ -90,6 +109,10 @@ MK_DEV void lm_screen(const signed char* q8, const float* scale, const float* cc
     }
     mk_cp_async_wait_all();
     __syncthreads();
+    // every warp totals the partial sums as block_sum's warp 0 does (same order, same bits): no barrier
+    const float nx = sqrtf(warp_sum(lane < NW ? scr[lane] : 0.f)) * 1.001953125f;   // NORM_SLACK
+    float ex = (sqrtf(warp_sum(lane < NW ? scr[NW + lane] : 0.f)) + nx * 9.5367431640625e-7f) * 1.001953125f;
+    ex += (float)((K >> 4) + 3) * 5.9604645e-8f * (nx + ex) * 1.001953125f;
     float lmax = -INFINITY, gmax = -INFINITY;
     for (int r = threadIdx.x; r < R; r += NT) {
         float q = 0.f;
@@ -120,7 +143,6 @@ MK_DEV void lm_screen(const signed char* q8, const float* scale, const float* cc
     const int n = *ncand;
     if (n > MK_LM_CAND_MAX) {   // a flat distribution or a loose bound: every row exactly
         if (threadIdx.x == 0) *(volatile int*)over = 1;
-        uint4 w[2][U];
         MvBatch b;
         matvec(RowMap{lmw, row0, R, 0}, R, K, sv, red, out, w, b, false);
         return;

@@ -178,6 +178,10 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
 #endif
             const bool pre = R > 0 && p.early_loads && !screened;
             if (pre) mv_load(m, R, K, threadIdx.x >> 5, w, cb);   // in flight while we wait
+#if !MK_TP
+            const bool lm_pre = screened && p.early_loads;
+            if (lm_pre) lm8_load(p.lm8, a0, R, K, threadIdx.x >> 5, w);   // the screen's first batch, likewise
+#endif
             if (MK_L2_PREFETCH && p.prefetch_bytes > 0) prefetch_instr(p, layers, ins);
             if (op == MK_OP_ATTN) {   // cached K/V rows in flight while we wait, like a matvec's weights
                 attn_prefetch<MK_HEAD_DIM>(p, ins, pos, sm, attn_st);
@@ -215,7 +219,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
 #if !MK_TP
                 if (screened)
                     lm_screen(p.lm8, p.lm8_scale, p.lm8_c, p.lm8_d, p.lm_head, a0, R, K, p.temperature, p.seed, step,
-                              sv, red, out, sm + p.sm_kv, scr, p.host_stat + MK_HOST_LM_OVER);
+                              sv, red, out, sm + p.sm_kv, scr, p.host_stat + MK_HOST_LM_OVER, w, lm_pre);
                 else
 #endif
                     matvec(m, R, K, sv, red, out, w, cb, pre);
