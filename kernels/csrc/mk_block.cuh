@@ -101,13 +101,15 @@ MK_DEV float block_max(float v, float* scr) {
 // Thread 0 spins until *c >= target. Returns false (in every thread) when the launch is aborted: this wait
 // outlived the watchdog (it reports itself to the host and raises the abort flag) or another CTA's did.
 // sys: the counter is also bumped by other GPUs (tensor parallelism, mk_exchange.cuh): acquire at system scope.
-MK_DEV bool wait_ctr(const MkParams& p, const unsigned* c, unsigned target, int step, int* sflag, bool sys = false) {
+// seen (the step start's wait on the token counter): sflag[1] gets the value thread 0 saw last.
+MK_DEV bool wait_ctr(const MkParams& p, const unsigned* c, unsigned target, int step, int* sflag, bool sys = false,
+                     bool seen = false) {
     if (threadIdx.x == 0) {
         int ok = 1;
-        if ((sys ? mk_ld_acquire_sys(c) : mk_ld_acquire(c)) < target) {
+        unsigned v = sys ? mk_ld_acquire_sys(c) : mk_ld_acquire(c);
+        if (v < target) {
             const long long t0 = clock64();
             unsigned it = 0;
-            unsigned v;
             while ((v = sys ? mk_ld_acquire_sys(c) : mk_ld_acquire(c)) < target) {
                 if ((++it & 255u) == 0) {
                     if (*(volatile int*)(p.status + MK_STATUS_ABORT)) { ok = 0; break; }
@@ -130,6 +132,7 @@ MK_DEV bool wait_ctr(const MkParams& p, const unsigned* c, unsigned target, int 
             }
         }
         sflag[2] = ok;
+        if (seen) sflag[1] = (int)v;
     }
     __syncthreads();
     const bool ok = sflag[2] != 0;
@@ -174,9 +177,9 @@ MK_DEV int side_verdict(const MkParams& p, int* sflag) {
 // p.signal_warp releases: a release is a MEMBAR that stalls its warp until the CTA's writes are visible, and with
 // the last warp doing it, thread 0 starts the next instruction (its wait, the attention's staging, the trace)
 // meanwhile (runtime default; 0: thread 0, as before).
-MK_DEV void signal_ctr(const MkParams& p, unsigned* c) {
+MK_DEV void signal_ctr(const MkParams& p, unsigned* c, unsigned add = 1u) {
     __syncthreads();
-    if (threadIdx.x == 32 * p.signal_warp) mk_red_release(c, 1u);
+    if (threadIdx.x == 32 * p.signal_warp) mk_red_release(c, add);
 }
 
 // Position of element i of a matvec input vector in shared memory: the two 16-byte halves of each 8-element chunk

@@ -93,16 +93,24 @@ __device__ __noinline__ void nucleus_pick(const float* lmrec, int n, float T, fl
 }
 
 // ---------------------------------------------------------------- sampler
-MK_DEV void op_sample(const MkParams& p, int step, float* sm, float* scr, int* sflag) {
+// A stop (any reason) is added to the token counter with the step's own count (sample_signal), so that every CTA
+// learns it from the value its step-start wait sees, without a second read of the status words.
+constexpr unsigned kTokStop = 1u << 30;
+
+// The step's token and whether the launch stops after it (returned: its MK_REASON_*, 0 none), in every thread; the
+// device-side records (out_tokens, status) and the next step's embedding. The host hears of it in sample_notify,
+// after the token counter's release. cancel: the host's flag as thread 0 read it before this instruction's wait
+// (one GPU; the tensor-parallel build reads it here, xr_cancelled).
+MK_DEV int op_sample(const MkParams& p, int step, float* sm, float* scr, int* sflag, int cancel, int& tok) {
     const int W = MK_REC_WORDS, n = p.n_lm;
     const float T = p.temperature;
     int cancelled = 0;
-    if (threadIdx.x == 0) cancelled = xr_cancelled(p, step);
+    if (threadIdx.x == 0) cancelled = kTP ? xr_cancelled(p, step) : cancel;
     if (threadIdx.x == 0) sflag[0] = cancelled;
     __syncthreads();
     cancelled = sflag[0];
     __syncthreads();
-    int tok = -1;
+    tok = -1;
     if (!cancelled) {
         float bv = -INFINITY;
         int bi = 0x7fffffff;
@@ -128,18 +136,10 @@ MK_DEV void op_sample(const MkParams& p, int step, float* sm, float* scr, int* s
         if (!stop && step == p.n_steps - 1) stop = MK_REASON_LENGTH;
     }
     if (threadIdx.x == 0) {
-        if (!cancelled && !none) {
-            p.out_tokens[step] = tok;
-            ((volatile int*)p.host_tokens)[step] = tok;
-            __threadfence_system();
-            ((volatile int*)p.host_stat)[MK_HOST_COUNT] = step + 1;
-        }
+        if (!cancelled && !none) p.out_tokens[step] = tok;
         if (stop) {
             p.status[MK_STATUS_STOP] = step + 1;
             p.status[MK_STATUS_REASON] = stop;
-            ((volatile int*)p.host_stat)[MK_HOST_REASON] = stop;
-            __threadfence_system();
-            ((volatile int*)p.host_stat)[MK_HOST_DONE] = 1;
         }
     }
     if (!stop) {
@@ -149,5 +149,21 @@ MK_DEV void op_sample(const MkParams& p, int step, float* sm, float* scr, int* s
         if (kFusedMlp && p.acc != nullptr)   // fused MLP: every LMHEAD has read the last layer's output
             for (int i = threadIdx.x; i < p.d; i += NT) p.acc[i] = 0ull;
     }
+    return stop;
 }
 
+// Thread 0 tells the host (mapped pinned memory) the step's token and, on a stop, its reason: after the token
+// counter's release, so the next step does not wait for these system-scope writes and their fences.
+MK_DEV void sample_notify(const MkParams& p, int step, int tok, int stop) {
+    if (threadIdx.x != 0) return;
+    if (stop != MK_REASON_CANCELLED && stop != MK_REASON_NO_TOKEN) {
+        ((volatile int*)p.host_tokens)[step] = tok;
+        __threadfence_system();
+        ((volatile int*)p.host_stat)[MK_HOST_COUNT] = step + 1;
+    }
+    if (stop) {
+        ((volatile int*)p.host_stat)[MK_HOST_REASON] = stop;
+        __threadfence_system();
+        ((volatile int*)p.host_stat)[MK_HOST_DONE] = 1;
+    }
+}

@@ -138,12 +138,8 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
         attn_step_fill(p, p.pos0 + step + 1, attn_st);   // published by the barriers below (step 0: its own)
         if (step == 0) __syncthreads();
         if (step > 0) {
-            if (!wait_ctr(p, tok_ctr, (unsigned)(step + 1), step, sflag)) return;
-            if (threadIdx.x == 0) sflag[1] = mk_ld_cg_i(p.status + MK_STATUS_STOP);
-            __syncthreads();
-            const int stopped = sflag[1];
-            __syncthreads();
-            if (stopped != 0 && stopped <= step) break;
+            if (!wait_ctr(p, tok_ctr, (unsigned)(step + 1), step, sflag, false, true)) return;
+            if ((unsigned)sflag[1] & kTokStop) break;   // the last step's SAMPLE stopped (sample_signal)
         }
         const int pos = p.pos0 + step;
         for (int ii = 0; ii < n_my; ++ii) {
@@ -189,6 +185,8 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
 #if MK_CLUSTER
             if (op == MK_OP_ATTNQ) attnq_prefetch<MK_HEAD_DIM>(p, ins, pos, sm, attn_st);
 #endif
+            // the host's cancel flag (mapped memory: a PCIe round trip) in flight through SAMPLE's wait
+            const int cancel = !kTP && op == MK_OP_SAMPLE && threadIdx.x == 0 ? *(volatile const int*)p.cancel : 0;
             trace(p, step, ii, 0);
             if (!xr_wait(p, ins, step, sflag)) return;
             trace(p, step, ii, 1);
@@ -202,7 +200,14 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
                 trace(p, step, ii, 2);
                 continue;   // ATTN signals after its slice of the merge
             }
-            if (op == MK_OP_SAMPLE) op_sample(p, step, sm, scr, sflag);
+            if (op == MK_OP_SAMPLE) {
+                int tok;
+                const int stop = op_sample(p, step, sm, scr, sflag, cancel, tok);
+                signal_ctr(p, p.ctr + ins[MK_F_SIG_CTR], stop ? 1u + kTokStop : 1u);   // the token counter
+                sample_notify(p, step, tok, stop);
+                trace(p, step, ii, 2);
+                continue;
+            }
             if (R > 0) {
                 // One copy of each part for every matvec op (the code is inlined once: a smaller kernel): the input
                 // vector (a norm of x, or attn / h as they are), the matvec, then the op's epilogue.
