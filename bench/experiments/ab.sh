@@ -4,7 +4,7 @@
 #   bash bench/experiments/ab.sh 69 qwen2.5-coder-0.5b,llama-3.2-1b,qwen2.5-coder-1.5b [extra one-launch-time args]
 # ALT=".signal_warp=0" adds a third run per round: the patched tree with those one-launch-time args (the patch's
 # run-time switch off: its mechanism apart from what its code costs); ALT2 a fourth. TESTS=none skips the GPU tests;
-# TESTS="-k expr" picks some. Ends with a table of each variant's mean us/token per shape and context.
+# TESTS="-k 'expr with spaces'" picks some (the value is parsed as shell words: quote an expression inside it). Ends with a table of each variant's mean us/token per shape and context.
 # Sessions 16-17 found that code that never runs moves this kernel by 2-6 % (through how the change compiles, not
 # where its code sits: pad-sweep.sh): compare a kernel change this way, with a run-time switch where it has one.
 set -o pipefail
@@ -32,8 +32,8 @@ for s in ${SHAPES//,/ }; do
   done
 done
 if [ "${TESTS:-}" != none ]; then
-  (cd "$B" && timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_monokernel.py \
-    ${TESTS:-} > "$OUT/tests_$P.log" 2>&1); echo "tests rc $?"; tail -2 "$OUT/tests_$P.log"
+  (cd "$B" && eval timeout "${TEST_TIMEOUT:-300}" python3 -m pytest -q -s -p no:cacheprovider \
+    tests/gpu/test_monokernel.py "${TESTS:-}" > "$OUT/tests_$P.log" 2>&1); echo "tests rc $?"; tail -2 "$OUT/tests_$P.log"
 fi
 echo "variant shape ctx mean-us/token (alt: $ALT; alt2: $ALT2)"
 bash "$ROOT"/bench/experiments/mean-table.sh "$OUT"
