@@ -93,8 +93,8 @@ __device__ __noinline__ void nucleus_pick(const float* lmrec, int n, float T, fl
 }
 
 // ---------------------------------------------------------------- sampler
-// A stop (any reason) is added to the token counter with the step's own count (sample_signal), so that every CTA
-// learns it from the value its step-start wait sees, without a second read of the status words.
+// A stop (any reason) is added to the token counter with the step's own count (SAMPLE's release, monokernel.cu), so
+// every CTA learns it from the value its step-start wait sees, without a second read of the status words.
 constexpr unsigned kTokStop = 1u << 30;
 
 // The step's token and whether the launch stops after it (returned: its MK_REASON_*, 0 none), in every thread; the

@@ -139,7 +139,7 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
         if (step == 0) __syncthreads();
         if (step > 0) {
             if (!wait_ctr(p, tok_ctr, (unsigned)(step + 1), step, sflag, false, true)) return;
-            if ((unsigned)sflag[1] & kTokStop) break;   // the last step's SAMPLE stopped (sample_signal)
+            if ((unsigned)sflag[1] & kTokStop) break;   // the last step's SAMPLE stopped (it added kTokStop)
         }
         const int pos = p.pos0 + step;
         for (int ii = 0; ii < n_my; ++ii) {
