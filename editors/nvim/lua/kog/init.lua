@@ -122,8 +122,7 @@ local function lsp_config()
   }
 end
 
---- Attach the kog server to `buf` (starting it if needed).
--- Whether buffer `buf` gets the server: its filetype is in config.filetypes, or the list holds '*' and it is a file
+--- Whether buffer `buf` gets the server: its filetype is in config.filetypes, or the list holds '*' and it is a file
 -- buffer (buftype ''; not help, quickfix, terminal or prompt buffers, which have filetypes too).
 function M.serves(buf)
   local ft = vim.bo[buf].filetype
@@ -136,6 +135,7 @@ function M.serves(buf)
   return vim.tbl_contains(M.config.filetypes, '*') and vim.bo[buf].buftype == ''
 end
 
+--- Attach the kog server to `buf` (starting it if needed).
 function M.attach(buf)
   buf = (buf == nil or buf == 0) and vim.api.nvim_get_current_buf() or buf
   if vim.lsp.start then
