@@ -173,8 +173,10 @@ class MonokernelBackend(Backend):
         launch cannot be made, the clusters take those launches with their long-context library (Monokernel
         long_lib, where it loads), which nothing else needs: it is not built otherwise."""
         # stats["long_lib"]: whether the cluster launch restages K / V with its long-context library, or why not
+        def lib_state() -> str:
+            return "on" if self.mk.lib_long is not None else f"off ({self.mk.long_lib_off})"
         if not self.mk.attn_cluster:
-            self.stats["long_lib"] = f"off ({self.mk.long_lib_off})"
+            self.stats["long_lib"] = lib_state()
             return None
         max_len = cache.k.shape[3]
         if not self.mk.restages(max_len - 1, 1):
@@ -188,7 +190,7 @@ class MonokernelBackend(Backend):
             why = f"{type(e).__name__}: {e}"
             self.stats["long_launch"] = f"off ({why})"
             self.mk.set_long_lib(None)
-            self.stats["long_lib"] = "on" if self.mk.lib_long is not None else f"off ({self.mk.long_lib_off})"
+            self.stats["long_lib"] = lib_state()
             log.warning("monokernel: no plain launch for long contexts (%s); the clusters run every launch (long-context "
                         "library %s)", why, self.stats["long_lib"])
             return None
