@@ -175,8 +175,10 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             const bool pre = R > 0 && p.early_loads && !screened;
             if (pre) mv_load(m, R, K, threadIdx.x >> 5, w, cb);   // in flight while we wait
 #if !MK_TP
-            const bool lm_pre = screened && p.early_loads;
-            if (lm_pre) lm8_load(p.lm8, a0, R, K, threadIdx.x >> 5, w);   // the screen's first batch, likewise
+            // the screen's first batch, likewise, but not on warp 0: its thread 0 polls the wait, and an acquire
+            // issued behind 4 KB of loads in flight sees the counter later (the LM head's hop, session 37)
+            const bool lm_pre = screened && p.early_loads && threadIdx.x >= 32;
+            if (lm_pre) lm8_load(p.lm8, a0, R, K, threadIdx.x >> 5, w);
 #endif
             if (MK_L2_PREFETCH && p.prefetch_bytes > 0) prefetch_instr(p, layers, ins);
             if (op == MK_OP_ATTN) {   // cached K/V rows in flight while we wait, like a matvec's weights
