@@ -6,7 +6,8 @@ split. Dumps of the session-29 patch (8 words) have no word 8: their "rotate" ru
 engine's launch) go to $OUT/attnq_q_<shape>.json.
 usage: cp -r . /tmp/p100 && cd /tmp/p100 && git apply bench/experiments/100-mk-attnq-q-stamps.patch &&
        OUT=<dir> python3 bench/experiments/attnq-q-stage.py <shape>
-       python3 bench/experiments/attnq-q-stage.py --from <json>   (the analysis of a saved dump, any tree)"""
+       python3 bench/experiments/attnq-q-stage.py --from <json>   (the analysis of a saved dump, any tree)
+Then the ATTNQ and QKV matvecs binned by how long their early weight loads were in flight before them (leads)."""
 import json
 import os
 import statistics
@@ -48,11 +49,43 @@ def report(recs_by_step: dict, attnq: int, cluster: int = 16) -> None:
           f"parts; ready skew over a part's ranks {med(skew):.2f} us")
 
 
+# How long an instruction's early weight loads were in flight before its matvec started (word 0, stamped once they
+# are issued, to the matvec start), in these bins (us).
+LEAD_BINS = (0.0, 1.0, 2.0, 3.0, 5.0, float("inf"))
+
+
+def by_lead(recs_by_step: dict, op: int, end: str) -> None:
+    """The matvec's time (t_mv -> `end`) of every `op` record, binned by its loads' lead (t_wait -> t_mv): if the
+    matvec waits for its weights, it is longest where the lead is shortest."""
+    bins = defaultdict(list)
+    for recs in recs_by_step.values():
+        for r in recs:
+            if r["op"] != op or not r.get("t_mv") or not r.get(end):
+                continue
+            lead = (r["t_mv"] - r["t_wait"]) / 1e3
+            k = next(i for i in range(len(LEAD_BINS) - 1) if lead < LEAD_BINS[i + 1])
+            bins[k].append((r[end] - r["t_mv"]) / 1e3)
+    for k in sorted(bins):
+        v = bins[k]
+        print(f"  lead {LEAD_BINS[k]:.0f}-{LEAD_BINS[k + 1]:.0f} us: {len(v):5d} records, matvec median "
+              f"{statistics.median(v):5.2f}  p90 {sorted(v)[int(0.9 * (len(v) - 1))]:5.2f} us")
+
+
+def leads(recs_by_step: dict, ops: dict) -> None:
+    print("matvec time by how long its weight loads were in flight before it (word 0 -> matvec start)")
+    print(" ATTNQ (matvec done: word 6)")
+    by_lead(recs_by_step, ops["ATTNQ"], "t_x6")
+    print(" QKV (to the rows signalled: matvec + epilogue)")
+    by_lead(recs_by_step, ops["QKV"], "t_done")
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
     from kernels import isa
     if sys.argv[1] == "--from":
-        report(json.load(open(sys.argv[2])), isa.OPS["ATTNQ"])
+        dump = json.load(open(sys.argv[2]))
+        report(dump, isa.OPS["ATTNQ"])
+        leads(dump, isa.OPS)
         sys.exit(0)
     if isa.TRACE_WORDS < 9:
         raise SystemExit("apply bench/experiments/100-mk-attnq-q-stamps.patch first (9 trace words)")
@@ -67,3 +100,4 @@ if __name__ == "__main__":
     with open(os.path.join(os.environ.get("OUT", "/tmp"), f"attnq_q_{name}.json"), "w") as f:
         json.dump(recs, f)
     report(recs, isa.OPS["ATTNQ"])
+    leads(recs, isa.OPS)
