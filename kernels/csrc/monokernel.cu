@@ -175,8 +175,9 @@ __global__ void __launch_bounds__(NT, 1) mk_decode(const MkParams p) {
             const bool pre = R > 0 && p.early_loads && !screened;
             if (pre) mv_load(m, R, K, threadIdx.x >> 5, w, cb);   // in flight while we wait
 #if !MK_TP
-            // the screen's first batch, likewise, but not on warp 0: its thread 0 polls the wait, and an acquire
-            // issued behind 4 KB of loads in flight sees the counter later (the LM head's hop, session 37)
+            // the screen's first batch, likewise, but not on warp 0 (whose thread 0 polls the wait): warp 0 loads
+            // its share after the wait with the rest. Measured (bench/NOTES.md, session 38): 1.5B -9 us/token, from the
+            // LM head's spread (5.8 -> 4.1 us) and the layers' path, not from the hop it was meant for (unchanged)
             const bool lm_pre = screened && p.early_loads && threadIdx.x >= 32;
             if (lm_pre) lm8_load(p.lm8, a0, R, K, threadIdx.x >> 5, w);
 #endif
