@@ -5,9 +5,11 @@ staging (attn_chunks' cp.async wait and barrier) -> loop -> merge, per ATTNQ rec
 split. Dumps of the session-29 patch (8 words) have no word 8: their "rotate" runs to q ready. Trace records of steps 60 and 100 of a 256-token launch at ctx 512 (the
 engine's launch) go to $OUT/attnq_q_<shape>.json.
 usage: cp -r . /tmp/p100 && cd /tmp/p100 && git apply bench/experiments/100-mk-attnq-q-stamps.patch &&
-       OUT=<dir> python3 bench/experiments/attnq-q-stage.py <shape>
+       OUT=<dir> python3 bench/experiments/attnq-q-stage.py <shape> [--no-early]
        python3 bench/experiments/attnq-q-stage.py --from <json>   (the analysis of a saved dump, any tree)
-Then the ATTNQ and QKV matvecs binned by how long their early weight loads were in flight before them (leads)."""
+Then the ATTNQ and QKV matvecs binned by how long their early weight loads were in flight before them (leads).
+--no-early: the same again with the weights loaded after the wait (Monokernel.early_loads = 0): the matvec with all of
+its load latency inside, as the bound to read the early-load run's matvec against."""
 import json
 import os
 import statistics
@@ -96,8 +98,12 @@ if __name__ == "__main__":
     name = sys.argv[1]
     cfg, model, cache = random_setup(name, 512 + 256 + 64)
     mk = Monokernel(model, cache.k, cache.v, max_steps=320, attn_cluster=attn_cluster_model(Dims.of(cfg)))
-    recs = trace_steps(mk, (60, 100))
-    with open(os.path.join(os.environ.get("OUT", "/tmp"), f"attnq_q_{name}.json"), "w") as f:
-        json.dump(recs, f)
-    report(recs, isa.OPS["ATTNQ"])
-    leads(recs, isa.OPS)
+    runs = [("", 1)] + [(".early_loads=0", 0)] * ("--no-early" in sys.argv[2:])
+    for tag, early in runs:   # the same binary: early_loads is a run-time switch (weights loaded before the wait)
+        mk.early_loads = early
+        recs = trace_steps(mk, (60, 100))
+        with open(os.path.join(os.environ.get("OUT", "/tmp"), f"attnq_q_{name}{tag}.json"), "w") as f:
+            json.dump(recs, f)
+        print(f"== {name} early_loads={early}")
+        report(recs, isa.OPS["ATTNQ"])
+        leads(recs, isa.OPS)
