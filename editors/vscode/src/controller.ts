@@ -102,8 +102,7 @@ export class KogController implements vscode.Disposable {
    * model.
    */
   async startWhenNeeded(): Promise<void> {
-    this.waiting?.dispose();
-    this.waiting = undefined;
+    this.stopWaiting();
     const langs = languages(this.config());
     const selector = documentSelector(langs);
     const served = (d: vscode.TextDocument) => vscode.languages.match(selector, d) > 0;
@@ -117,16 +116,19 @@ export class KogController implements vscode.Disposable {
     });
     const sub = vscode.workspace.onDidOpenTextDocument((d) => {
       if (this.waiting !== sub || !served(d)) return;
-      sub.dispose();
-      this.waiting = undefined;
-      return this.start();
+      return this.start();   // which stops this wait
     });
     this.waiting = sub;
   }
 
-  async start(): Promise<void> {
+  /** Drops the wait for a first document of a served language, if there is one. */
+  private stopWaiting(): void {
     this.waiting?.dispose();
     this.waiting = undefined;
+  }
+
+  async start(): Promise<void> {
+    this.stopWaiting();
     const cfg = this.config();
     const launch = launchConfig(cfg);
     const selector = documentSelector(languages(cfg));
@@ -214,8 +216,7 @@ export class KogController implements vscode.Disposable {
   }
 
   async dispose(): Promise<void> {
-    this.waiting?.dispose();
-    this.waiting = undefined;
+    this.stopWaiting();
     await this.stop();
     this.subs.forEach((d) => d.dispose());
   }
